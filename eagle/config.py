@@ -1,0 +1,58 @@
+"""Decoding configuration: one dataclass, a few presets, validated in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Mode = Literal["vanilla", "static", "dynamic"]
+MODES: tuple[str, ...] = ("vanilla", "static", "dynamic")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    mode: Mode = "dynamic"
+    max_new_tokens: int = 128
+    # Sampling of the target; temperature 0 means greedy (the lossless-equality setting).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k_sampling: int = 0  # 0 = off
+    seed: int = 0
+    # EAGLE-2 dynamic tree (paper: total_tokens 60, depth 6, top_k 10).
+    total_tokens: int = 60  # nodes verified per round, root included
+    depth: int = 6  # expansion rounds of the draft
+    top_k: int = 10  # children per expanded node and beam width
+    # Reduced draft vocabulary: score only the K most frequent tokens (0 = the full vocabulary).
+    draft_vocab: int = 0
+
+    def validate(self) -> "DecodeConfig":
+        """Raise ValueError with one clear sentence for any out-of-range field."""
+        checks = [
+            (self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
+            (1 <= self.max_new_tokens <= 100_000, f"max_new_tokens must be in 1..100000, got {self.max_new_tokens}"),
+            (0.0 <= self.temperature <= 10.0, f"temperature must be in [0, 10], got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k_sampling >= 0, f"top_k_sampling must be >= 0, got {self.top_k_sampling}"),
+            (1 <= self.total_tokens <= 1024, f"total_tokens must be in 1..1024, got {self.total_tokens}"),
+            (1 <= self.depth <= 32, f"depth must be in 1..32, got {self.depth}"),
+            (1 <= self.top_k <= 64, f"top_k must be in 1..64, got {self.top_k}"),
+            (self.draft_vocab >= 0, f"draft_vocab must be >= 0, got {self.draft_vocab}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_(self, **changes) -> "DecodeConfig":
+        return replace(self, **changes).validate()
+
+
+# Presets: the paper's GPU budget, and a budget that suits a 2-core CPU (see README for the sweep).
+PRESETS: dict[str, DecodeConfig] = {
+    "paper": DecodeConfig(total_tokens=60, depth=6, top_k=10),
+    "cpu": DecodeConfig(total_tokens=16, depth=4, top_k=4),
+    "vanilla": DecodeConfig(mode="vanilla"),
+}

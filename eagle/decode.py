@@ -1,0 +1,260 @@
+"""One step generator for every mode: vanilla (a round with no draft), static (EAGLE-1) and dynamic
+(EAGLE-2). Each round reads as named phases: draft -> build tree -> verify -> accept & commit."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .config import DecodeConfig
+from .draft import Candidates, Drafter, draft_dynamic, draft_static
+from .head import DraftHead
+from .target import Target
+from .trace import NodeRecord, StepRecord
+from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
+from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
+
+
+class PromptError(ValueError):
+    """The prompt cannot be decoded (empty, or longer than the model's context)."""
+
+
+@dataclass
+class Round:
+    """One round's draft and decision, still on the device."""
+    root: int
+    cand: Candidates | None  # every drafted node (None in vanilla)
+    kept: torch.Tensor | None  # (N-1,) candidate ids verified as tree nodes 1..N-1
+    tree: Tree
+    accepted: list[int]  # tree node indices, root first
+    bonus: int
+    node_probs: torch.Tensor  # (N,) the target's probability of each tree node's token at its parent
+
+
+class TokenTexts:
+    """Memoised token id -> text, so traces stay cheap in the hot loop."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self._cache = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        text = self._cache.get(token)
+        if text is None:
+            text = self._cache[token] = self.tokenizer.decode([token])
+        return text
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict], max_context: int, chat: bool = True) -> list[int]:
+    """Apply the chat template (to one user message or a list of messages) and check the length."""
+    if isinstance(prompt, str) and not prompt.strip():
+        raise PromptError("The prompt is empty: type something to generate from.")
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer.encode(messages[-1]["content"])
+    if len(ids) >= max_context:
+        raise PromptError(f"The prompt is {len(ids)} tokens but the model's context holds {max_context} "
+                          "(and needs room to generate): shorten it.")
+    return list(ids)
+
+
+class Decoder:
+    """Target + optional draft head + config; `steps(prompt_ids)` yields one StepRecord per round."""
+
+    def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig) -> None:
+        self.target, self.head, self.cfg = target, head, config.validate()
+        if config.mode != "vanilla" and head is None:
+            raise ValueError(f"mode {config.mode!r} needs a draft head")
+        self.texts = TokenTexts(target.tokenizer)
+        self.eos = torch.tensor(sorted(target.eos_ids), dtype=torch.long)
+        self.static_shape = None
+        if config.mode == "static":
+            shape = static_paths_to_tree_shape(load_static_paths())
+            self.static_shape = tuple(t.to(target.device) for t in shape)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def steps(self, prompt_ids: list[int]) -> Iterator[StepRecord]:
+        """Decode from prompt_ids; the last record has `finished` set. Closing the generator stops."""
+        self._setup(prompt_ids)
+        record, root = self._prefill(prompt_ids)
+        yield record
+        produced, step = 1, 1
+        while not record.finished:
+            record, root = self._step(step, root, produced)
+            produced, step = produced + len(record.new_tokens), step + 1
+            yield record
+
+    def _setup(self, prompt_ids: list[int]) -> None:
+        cfg, tgt = self.cfg, self.target
+        if not prompt_ids:
+            raise PromptError("The prompt is empty: type something to generate from.")
+        if len(prompt_ids) >= tgt.max_context:
+            raise PromptError(f"The prompt is {len(prompt_ids)} tokens but the model's context holds "
+                              f"{tgt.max_context} (and needs room to generate): shorten it.")
+        self.max_len = min(tgt.max_context, len(prompt_ids) + cfg.max_new_tokens + cfg.total_tokens + 1)
+        self.t_cache = tgt.new_cache(self.max_len)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # CPU: acceptance runs on the host
+        self.drafter = None
+        if cfg.mode != "vanilla":
+            extra = cfg.depth * cfg.top_k + (0 if self.static_shape is None else self.static_shape[0].numel())
+            self.drafter = Drafter(self.head, tgt.model.lm_head.weight, self.max_len + extra, cfg.draft_vocab)
+
+    def _prefill(self, prompt_ids: list[int]) -> tuple[StepRecord, int]:
+        t0 = time.perf_counter()
+        ids = torch.tensor([prompt_ids], device=self.target.device)
+        n = ids.shape[1]
+        logits, features = self.target.forward(ids, torch.arange(n, device=ids.device)[None], self.t_cache, 0,
+                                               logits_rows=slice(-1, None))
+        self.t_cache.length = n
+        token = self._choose(logits[0])
+        if self.drafter is not None:  # pairs (f_t, x_{t+1}) for the whole prompt
+            nxt = torch.cat([ids[0, 1:], torch.tensor([token], device=ids.device)])
+            self.root_hidden = self.drafter.consume(nxt, features[0])
+        finished = self._finish_reason([token], 0)
+        record = StepRecord(step=0, mode=self.cfg.mode, nodes=[], accepted=[], bonus_token=token,
+                            bonus_text=self.texts(token), new_tokens=[token], new_text=self.texts(token),
+                            accept_length=1, timings={"prefill": self._now() - t0}, finished=finished)
+        return record, token
+
+    def _step(self, step: int, root: int, produced: int) -> tuple[StepRecord, int]:
+        t0 = self._now()
+        cand, kept, tree = self._draft_and_build(root, self._budget())
+        t1 = self._now()
+        logits, features = self._verify(tree)
+        accepted, bonus, node_probs = self._accept(tree, logits, cand, kept)
+        t2 = self._now()
+        rnd = Round(root, cand, kept, tree, accepted, bonus, node_probs)
+        new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
+        finished = self._finish_reason(new_tokens, produced)
+        if not finished:
+            self._commit(rnd, features, new_tokens)
+            finished = "context" if self.t_cache.length >= self.max_len - 1 else None
+        t3 = self._now()
+        timings = {"draft": t1 - t0, "verify": t2 - t1, "commit": t3 - t2}
+        return self._record(step, rnd, new_tokens, produced, timings, finished), bonus
+
+    # ---- phases ---------------------------------------------------------------------------------
+    def _budget(self) -> int:
+        """Nodes to verify this round, shrunk so the tree never overflows the cache."""
+        return max(1, min(self.cfg.total_tokens, self.max_len - self.t_cache.length))
+
+    def _draft_and_build(self, root: int, budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree]:
+        dev = self.target.device
+        if self.drafter is None or budget == 1:
+            return None, None, build_tree(torch.tensor([root], device=dev), torch.tensor([-1], device=dev))
+        if self.static_shape is not None:
+            gen = None if self.cfg.greedy else self.generator
+            cand = draft_static(self.drafter, self.root_hidden, *self.static_shape, generator=gen)
+            kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
+        else:
+            cand = draft_dynamic(self.drafter, self.root_hidden, self.cfg.depth, self.cfg.top_k)
+            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
+        return cand, kept, tree_from_candidates(root, cand, kept)
+
+    def _verify(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.t_cache.length
+        positions = (start + tree.depths)[None]
+        mask = tree.mask if tree.num_nodes > 1 else None
+        logits, features = self.target.forward(tree.tokens[None], positions, self.t_cache, start, mask)
+        return logits[0], features[0]  # (N, V), (N, H)
+
+    def _accept(self, tree: Tree, logits: torch.Tensor, cand: Candidates | None,
+                kept: torch.Tensor | None) -> tuple[list[int], int, torch.Tensor]:
+        cfg = self.cfg
+        if cfg.greedy:
+            accepted, bonus = accept_greedy(tree, logits)
+            probs = torch.softmax(logits.float(), dim=-1)
+        else:
+            probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
+            cpu_tree = tree_to(tree, "cpu")
+            if cand is None or cand.draft_probs is None:
+                conf = torch.ones(tree.num_nodes) if cand is None else \
+                    torch.cat([torch.ones(1), cand.logp[kept].exp().cpu()])
+                accepted, bonus = accept_sampling_dynamic(cpu_tree, probs, conf, self.generator)
+            else:
+                q = cand.draft_probs[: tree.num_nodes].cpu()
+                accepted, bonus = accept_sampling_static(cpu_tree, probs, q, self.generator)
+        parents = tree.parents.clamp(min=0).to(probs.device)
+        node_probs = probs[parents, tree.tokens.to(probs.device)]
+        return accepted, bonus, node_probs
+
+    def _commit(self, rnd: Round, features: torch.Tensor, new_tokens: list[int]) -> None:
+        dev = self.target.device
+        idx = torch.tensor(rnd.accepted, device=dev)
+        self.t_cache.commit(self.t_cache.length + idx)
+        if self.drafter is not None:  # the draft catches up with the target's real features
+            self.drafter.cache.length = self.t_cache.length - len(rnd.accepted)
+            self.root_hidden = self.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _choose(self, logits_row: torch.Tensor) -> int:
+        """The next token from a (1, V) logits row: argmax, or a sample of the processed target."""
+        if self.cfg.greedy:
+            return int(logits_row[-1].argmax())
+        probs = process_logits(logits_row[-1].float(), self.cfg.temperature, self.cfg.top_p,
+                               self.cfg.top_k_sampling).cpu()
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _finish_reason(self, new_tokens: list[int], produced: int) -> str | None:
+        """Cut new_tokens (in place) at EOS or the token budget and say why decoding ends."""
+        for i, tok in enumerate(new_tokens):
+            if produced + i + 1 >= self.cfg.max_new_tokens or tok in self.eos:
+                reason = "eos" if tok in self.eos else "max_new_tokens"
+                del new_tokens[i + 1:]
+                return reason
+        return None
+
+    def _now(self) -> float:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _record(self, step: int, rnd: Round, new_tokens: list[int], produced: int,
+                timings: dict[str, float], finished: str | None) -> StepRecord:
+        nodes, accepted_ids = trace_nodes(rnd, self.texts)
+        return StepRecord(step=step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
+                          bonus_token=rnd.bonus, bonus_text=self.texts(rnd.bonus), new_tokens=new_tokens,
+                          new_text=self.target.tokenizer.decode(new_tokens), accept_length=len(rnd.accepted),
+                          timings=timings, finished=finished)
+
+
+# ---- pure helpers ---------------------------------------------------------------------------------
+def tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor) -> Tree:
+    """The verification tree: the root, then the kept candidates (kept is parents-first)."""
+    dev = cand.tokens.device
+    slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=dev)
+    slot[kept] = torch.arange(1, kept.numel() + 1, device=dev)  # candidate id -> tree index
+    cand_parent = cand.parents[kept]
+    parents = torch.where(cand_parent < 0, 0, slot[cand_parent.clamp(min=0)])
+    tokens = torch.cat([torch.tensor([root], device=dev), cand.tokens[kept]])
+    return build_tree(tokens, torch.cat([torch.tensor([-1], device=dev), parents]))
+
+
+def tree_to(tree: Tree, device: str | torch.device) -> Tree:
+    return Tree(**{f: getattr(tree, f).to(device) for f in ("tokens", "parents", "depths", "mask",
+                                                            "retrieve", "leaves")})
+
+
+def trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[int]]:
+    """Every drafted node as a trace record (node id = candidate index + 1; the root is 0), and the
+    accepted path as node ids. One host transfer per field."""
+    root = NodeRecord(0, -1, 0, rnd.root, texts(rnd.root), 1.0, 1.0, 0, True, True, None)
+    if rnd.cand is None:
+        return [root], [0]
+    c, kept = rnd.cand, rnd.kept.tolist()
+    tree_index = {cid: i + 1 for i, cid in enumerate(kept)}
+    accepted = set(rnd.accepted)
+    node_probs = rnd.node_probs.tolist()
+    cols = [t.tolist() for t in (c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks)]
+    nodes = [root]
+    for cid, (parent, depth, token, conf, value, rank) in enumerate(zip(*cols)):
+        ti = tree_index.get(cid)
+        nodes.append(NodeRecord(cid + 1, parent + 1, depth, token, texts(token), conf, value, rank,
+                                kept=ti is not None, accepted=ti in accepted if ti else False,
+                                target_prob=node_probs[ti] if ti else None))
+    node_of_tree = [0] + [cid + 1 for cid in kept]
+    return nodes, [node_of_tree[i] for i in rnd.accepted]

@@ -1,0 +1,156 @@
+"""The draft phase: consume the newly accepted tokens, then grow a dynamic (EAGLE-2) or static
+(EAGLE-1) candidate tree with the draft head. Model calls live here; tree bookkeeping is in tree.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .head import DraftHead
+from .kvcache import KVCache
+from .tree import ancestor_mask, select_frontier, topk_children
+from .verify import sample_children_without_replacement
+
+_FIELDS = ("tokens", "parents", "depths", "logp", "scores", "ranks")
+
+
+@dataclass
+class Candidates:
+    """Every drafted node of one round (root excluded), in drafting order; all tensors (M,)."""
+    tokens: torch.Tensor
+    parents: torch.Tensor  # index into this list, -1 = child of the root
+    depths: torch.Tensor  # 1 = child of the root
+    logp: torch.Tensor  # log draft confidence of the token given its parent
+    scores: torch.Tensor  # sum of logp along the path (log of the EAGLE-2 value)
+    ranks: torch.Tensor  # rank among siblings by draft confidence (static sampling: draw order)
+    draft_probs: torch.Tensor | None = None  # (M + 1, V): q at the root and at each node (static sampling)
+
+    @staticmethod
+    def cat(parts: list["Candidates"]) -> "Candidates":
+        return Candidates(*(torch.cat([getattr(p, n) for p in parts]) for n in _FIELDS))
+
+
+class Drafter:
+    """The draft head, its KV cache and the lm_head rows it scores against."""
+
+    def __init__(self, head: DraftHead, lm_head_weight: torch.Tensor, max_len: int, draft_vocab: int = 0):
+        self.head = head
+        self.cache: KVCache = head.new_cache(max_len)
+        self.vocab_ids = head.draft_vocab_ids(draft_vocab)  # (K,) or None = the full vocabulary
+        self.weight = lm_head_weight if self.vocab_ids is None else lm_head_weight[self.vocab_ids]  # (K, H)
+        self.vocab_size = lm_head_weight.shape[0]
+
+    @torch.inference_mode()
+    def consume(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Append pairs (f_t, x_{t+1}), tokens (T,) and features (T, H), to the draft's prefix.
+        Returns the last output (1, H): the predicted feature at the root."""
+        start, n = self.cache.length, tokens.numel()
+        positions = torch.arange(start, start + n, device=tokens.device)[None]
+        hidden = self.head(tokens[None], features[None], positions, self.cache, start)  # (1, T, H)
+        self.cache.length += n  # written contiguously at the end of the prefix: already committed
+        return hidden[0, -1:]
+
+    @torch.inference_mode()
+    def expand(self, tokens: torch.Tensor, features: torch.Tensor, position: int,
+               tree_rows: torch.Tensor) -> torch.Tensor:
+        """Run the draft on F tree nodes of one depth. tree_rows (F, E+F): which of the E nodes expanded
+        before (stored after the prefix) and of these F each node sees. Returns hidden (F, H)."""
+        f = tokens.numel()
+        start = self.cache.length + tree_rows.shape[1] - f
+        positions = torch.full((1, f), position, device=tokens.device)
+        return self.head(tokens[None], features[None], positions, self.cache, start, tree_rows)[0]
+
+    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(F, H) -> (F, K) draft log-probabilities over the draft vocabulary."""
+        return torch.log_softmax((hidden @ self.weight.T).float(), dim=-1)
+
+    def full_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.vocab_ids is None else self.vocab_ids[ids]
+
+    def full_probs(self, logp: torch.Tensor) -> torch.Tensor:
+        """(F, K) log-probs -> (F, V) probabilities on the full vocabulary (zero outside the subset)."""
+        if self.vocab_ids is None:
+            return logp.exp()
+        out = torch.zeros(logp.shape[0], self.vocab_size, device=logp.device)
+        return out.index_copy_(1, self.vocab_ids, logp.exp())
+
+
+def _grow_mask(anc: torch.Tensor, parent_rows: torch.Tensor | None, f: int) -> torch.Tensor:
+    """Append F nodes to the ancestor matrix (E, E) of the expanded nodes; parent_rows (F,) are
+    their parents' rows (None: children of the root, which lives in the prefix). -> (E+F, E+F)."""
+    e, dev = anc.shape[0], anc.device
+    inherited = torch.zeros(f, e, dtype=torch.bool, device=dev) if parent_rows is None else anc[parent_rows]
+    new_rows = torch.cat([inherited, torch.eye(f, dtype=torch.bool, device=dev)], dim=1)
+    top = torch.cat([anc, torch.zeros(e, f, dtype=torch.bool, device=dev)], dim=1)
+    return torch.cat([top, new_rows], dim=0)
+
+
+def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k: int) -> Candidates:
+    """EAGLE-2 expansion: a beam of the top_k nodes by value, each given its top_k children, `depth`
+    times. Returns every candidate (top_k + depth * top_k^2 nodes); reranking happens later."""
+    dev = root_hidden.device
+    k = min(top_k, drafter.weight.shape[0])
+    tok, logp, score = topk_children(drafter.log_probs(root_hidden), torch.zeros(1, device=dev), k)
+    parts = [Candidates(drafter.full_ids(tok[0]), torch.full((k,), -1, device=dev),
+                        torch.ones(k, dtype=torch.long, device=dev), logp[0], score[0], torch.arange(k, device=dev))]
+    frontier = torch.arange(k, device=dev)  # candidate ids of the nodes to expand next
+    feats, frontier_tok, frontier_score = root_hidden.expand(k, -1), parts[0].tokens, score[0]
+    anc, parent_rows, n_cand = torch.zeros(0, 0, dtype=torch.bool, device=dev), None, k
+    root_pos = drafter.cache.length
+    for d in range(1, depth + 1):
+        anc = _grow_mask(anc, parent_rows, k)
+        hidden = drafter.expand(frontier_tok, feats, root_pos + d - 1, anc[-k:])  # (k, H)
+        tok, logp, score = topk_children(drafter.log_probs(hidden), frontier_score, k)  # (k, k)
+        parts.append(Candidates(drafter.full_ids(tok.flatten()), frontier.repeat_interleave(k),
+                                torch.full((k * k,), d + 1, device=dev), logp.flatten(), score.flatten(),
+                                torch.arange(k, device=dev).repeat(k)))
+        best = select_frontier(score.flatten(), k)  # the beam: global top_k of the new children
+        parent_rows = anc.shape[0] - k + best // k
+        frontier, feats = n_cand + best, hidden[best // k]
+        frontier_tok, frontier_score = parts[-1].tokens[best], score.flatten()[best]
+        n_cand += k * k
+    return Candidates.cat(parts)
+
+
+def draft_static(drafter: Drafter, root_hidden: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor,
+                 depths: torch.Tensor, generator: torch.Generator | None = None) -> Candidates:
+    """EAGLE-1 static tree: the node of rank r under a parent takes the parent's r-th best draft token
+    (r-th draw without replacement when sampling with `generator`). parents/ranks/depths (N,) with the
+    root at 0. Returns the N-1 non-root nodes in tree order, with q at every node for sampling."""
+    dev, n = root_hidden.device, parents.numel()
+    anc_all = ancestor_mask(parents)[:, 1:]  # (N, N-1): ancestors among non-root nodes
+    hidden = torch.zeros(n, root_hidden.shape[-1], dtype=root_hidden.dtype, device=dev)
+    hidden[0] = root_hidden[0]
+    tokens = torch.zeros(n, dtype=torch.long, device=dev)
+    logp_node, q = torch.zeros(n, device=dev), torch.zeros(n, drafter.vocab_size, device=dev)
+    expanded: list[int] = []  # non-root nodes already run through the draft, in slot order
+    for level in range(int(depths.max())):
+        at_level = (depths == level).nonzero().flatten()
+        has_kids = at_level[torch.isin(at_level, parents[1:])]
+        if level > 0:
+            rows = anc_all[has_kids][:, torch.tensor(expanded + (has_kids - 1).tolist(), device=dev)]
+            hidden[has_kids] = drafter.expand(tokens[has_kids], hidden[parents[has_kids]],
+                                              drafter.cache.length + level - 1, rows)
+            expanded += (has_kids - 1).tolist()
+        logp = drafter.log_probs(hidden[has_kids])  # (P, K)
+        q[has_kids] = drafter.full_probs(logp)
+        _pick_children(drafter, logp, has_kids, parents, ranks, tokens, logp_node, generator)
+    scores = (anc_all[1:].float() @ logp_node[1:, None]).squeeze(-1)  # sum of logp along each path
+    return Candidates(tokens[1:], parents[1:] - 1, depths[1:], logp_node[1:], scores, ranks[1:], q)
+
+
+def _pick_children(drafter: Drafter, logp: torch.Tensor, expanded: torch.Tensor, parents: torch.Tensor,
+                   ranks: torch.Tensor, tokens: torch.Tensor, logp_node: torch.Tensor,
+                   generator: torch.Generator | None) -> None:
+    """Fill tokens/logp of the children of `expanded` (P,) nodes: the rank-r child takes the r-th
+    top-k token (or the r-th draw without replacement from q when sampling)."""
+    kids = torch.isin(parents, expanded).nonzero().flatten()  # (C,)
+    row = torch.searchsorted(expanded, parents[kids])  # (C,) which expanded node is each kid's parent
+    k = int(ranks[kids].max()) + 1
+    if generator is None:
+        choice = logp.topk(k, dim=-1).indices  # (P, k)
+    else:
+        choice = sample_children_without_replacement(logp.exp(), k, generator)
+    picked = choice[row, ranks[kids]]  # (C,)
+    tokens[kids] = drafter.full_ids(picked)
+    logp_node[kids] = logp[row, picked]

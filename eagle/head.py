@@ -1,0 +1,165 @@
+"""The EAGLE-1/2 draft head: fc over [embedding ; feature], one decoder layer without input norm,
+and the target's own lm_head. Loads and saves the official checkpoint layout."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .kvcache import KVCache, prefix_mask
+
+COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
+
+
+class HeadMismatchError(ValueError):
+    """A draft head does not fit its target (vocabulary or hidden size)."""
+
+
+def head_config_from_target(target_config, **overrides) -> LlamaConfig:
+    """A one-layer Llama config with the target's sizes (the shape of a new head for that target)."""
+    c = target_config
+    fields = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                  num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                  rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+                  rope_theta=_rope_theta(c), pad_token_id=c.pad_token_id, num_hidden_layers=1, bias=True)
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class DraftLayer(nn.Module):
+    """A Llama decoder layer whose input RMSNorm is skipped (the fc output feeds attention directly)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, cache) -> torch.Tensor:
+        x = x + self.self_attn(x, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftHead(nn.Module):
+    def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding | None = None) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"  # boolean tree masks need SDPA (eager adds masks as floats)
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, h, config.pad_token_id)
+        self.embed_tokens.requires_grad_(False)  # a frozen copy of the target's embedding
+        self.fc = nn.Linear(2 * h, h, bias=getattr(config, "bias", True))
+        self.layers = nn.ModuleList([DraftLayer(config)])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        # Token frequencies from the training data, for the reduced draft vocabulary (0 = unknown).
+        self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long), persistent=False)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        p = self.fc.weight
+        return KVCache(1, self.config.num_key_value_heads, self.config.head_dim, max_len, p.device, p.dtype)
+
+    def forward(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, start: int = 0,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids (B, T): x_{t+1}; features (B, T, H): f_t; returns predicted f_{t+1} (B, T, H)."""
+        x = self.fc(torch.cat([self.embed_tokens(token_ids), features.to(self.fc.weight.dtype)], dim=-1))
+        rope = self.rotary_emb(x, positions)
+        n_new = token_ids.shape[1]
+        if cache is None:  # training: plain causal attention over the sequence
+            mask = prefix_mask(0, n_new, tree_mask, x.device)
+            return self.layers[0](x, rope, mask, None)
+        mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, x.device)
+        return self.layers[0](x, rope, mask, cache.writer(start, n_new))
+
+    def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
+        """The k most frequent token ids (None when k is 0, >= vocab, or no counts are stored)."""
+        if k <= 0 or k >= self.config.vocab_size or int(self.token_counts.sum()) == 0:
+            return None
+        return torch.topk(self.token_counts, k).indices.sort().values.to(self.fc.weight.device)
+
+
+def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
+    for field in ("vocab_size", "hidden_size"):
+        head_v, tgt_v = getattr(config, field), getattr(target_config, field)
+        if head_v != tgt_v:
+            raise HeadMismatchError(f"Draft head {source} has {field} {head_v} but the target has {tgt_v}: "
+                                    "it was trained for another model.")
+
+
+def load_head(path: str | Path, target=None) -> DraftHead:
+    """Load an official EAGLE head directory (config.json + model.safetensors or pytorch_model.bin).
+    Without `embed_tokens` in the file, the target's embedding is shared (target is then required)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"No draft head at {path}: expected a directory with config.json and weights.")
+    config = LlamaConfig(**{**json.loads((path / "config.json").read_text()), "num_hidden_layers": 1})
+    if target is not None:
+        check_head_matches(config, target.config, str(path))
+    state = _read_weights(path)
+    embed = None
+    if "embed_tokens.weight" not in state:
+        if target is None:
+            raise ValueError(f"Head {path} has no embed_tokens: pass its target to share the embedding.")
+        embed = target.model.model.embed_tokens
+    head = DraftHead(config, embed)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "embed_tokens.weight"]
+    if missing or unexpected:
+        raise ValueError(f"Head {path} does not have the EAGLE layout: missing {missing}, unexpected {unexpected}")
+    if (path / COUNTS_FILE).is_file():
+        head.token_counts.copy_(load_file(str(path / COUNTS_FILE))["token_counts"])
+    device = target.device if target is not None else "cpu"
+    dtype = target.dtype if target is not None else torch.float32
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if (path / "model.safetensors").is_file():
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
+
+
+def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False,
+              dtype: torch.dtype = torch.float16) -> None:
+    """Save in the official layout (no rotary buffers; embed_tokens only when asked)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()
+             if include_embedding or not k.startswith("embed_tokens.")}
+    save_file(state, str(path / "model.safetensors.tmp"))
+    (path / "model.safetensors.tmp").replace(path / "model.safetensors")
+    config = head.config.to_dict()
+    config["architectures"] = ["LlamaForCausalLM"]
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    if int(head.token_counts.sum()) > 0:
+        save_file({"token_counts": head.token_counts.cpu()}, str(path / COUNTS_FILE))
+
+
+def new_head(target, seed: int = 0) -> DraftHead:
+    """A freshly initialised head for `target`, sharing its embedding."""
+    torch.manual_seed(seed)
+    head = DraftHead(head_config_from_target(target.config), target.model.model.embed_tokens)
+    head.apply(lambda m: _init_linear(m, target.config.initializer_range))
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _init_linear(module: nn.Module, std: float) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
