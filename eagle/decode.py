@@ -258,3 +258,40 @@ def trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[i
                                 target_prob=node_probs[ti] if ti else None))
     node_of_tree = [0] + [cid + 1 for cid in kept]
     return nodes, [node_of_tree[i] for i in rnd.accepted]
+
+
+@dataclass
+class Generation:
+    """A finished (or stopped) generation: the tokens, every step record and the wall time."""
+    prompt_ids: list[int]
+    tokens: list[int]
+    steps: list[StepRecord]
+    seconds: float
+    finished: str | None
+
+    @property
+    def target_forwards(self) -> int:
+        return sum(s.target_forwards for s in self.steps)
+
+    @property
+    def tau(self) -> float:
+        """New tokens per target forward pass (the prefill counts as one)."""
+        return len(self.tokens) / max(1, self.target_forwards)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+def generate(decoder: Decoder, prompt_ids: list[int], on_step=None) -> Generation:
+    """Run the step generator to the end. on_step(record) may return True to stop early."""
+    t0 = time.perf_counter()
+    tokens, steps, finished = [], [], None
+    for record in decoder.steps(prompt_ids):
+        tokens += record.new_tokens
+        steps.append(record)
+        finished = record.finished
+        if on_step is not None and on_step(record):
+            finished = "stopped"
+            break
+    return Generation(list(prompt_ids), tokens, steps, time.perf_counter() - t0, finished)

@@ -14,7 +14,8 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from .kvcache import KVCache, prefix_mask
 
-COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
+COUNTS_FILE = "token_counts.safetensors"
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the repo, by target name  # our addition: token frequencies for the reduced draft vocabulary
 
 
 class HeadMismatchError(ValueError):
@@ -163,3 +164,22 @@ def _init_linear(module: nn.Module, std: float) -> None:
         nn.init.normal_(module.weight, std=std)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
+
+
+def shipped_head_path(target_name: str) -> Path | None:
+    """The head committed in the repo for this target name, if there is one."""
+    path = HEADS_DIR / Path(target_name).name
+    return path if (path / "config.json").is_file() else None
+
+
+def resolve_head(target, head: str | Path | None = "auto") -> tuple[DraftHead, str]:
+    """'auto': the shipped head for the target, else a random head; 'random': a fresh random head;
+    otherwise a head directory. Returns the head and a description of where it came from."""
+    if head in (None, "auto"):
+        path = shipped_head_path(target.name)
+        if path is None:
+            return new_head(target), "random (no trained head ships for this model)"
+        return load_head(path, target), str(path)
+    if head == "random":
+        return new_head(target), "random"
+    return load_head(head, target), str(head)

@@ -9,6 +9,7 @@ Both steps are resumable: finished shards are skipped and training restarts from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ from .data import Conversation, read_sharegpt, split_conversations, tokenize_con
 from .head import COUNTS_FILE, DraftHead, new_head, save_head
 from .target import DEFAULT_MODEL, Target, load_target
 
-SPLITS = ("train", "heldout")
+SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
 MANIFEST = "manifest.json"
 Sample = tuple[torch.Tensor, torch.Tensor]  # (input_ids (T,), loss_mask (T,))
 
@@ -140,7 +141,7 @@ def prepare_features(target: Target, out_dir: str | Path, n_conversations: int =
     manifest = dict(model=target.name, n_conversations=n_conversations, max_len=max_len,
                     heldout_fraction=heldout_fraction, seed=seed, shard_size=shard_size)
     _check_manifest(out_dir, manifest)
-    by_split = dict(zip(SPLITS, split_conversations(convs, heldout_fraction, seed)))
+    by_split = dict(zip(("train", "heldout"), split_conversations(convs, heldout_fraction, seed)))
     samples = {s: _tokenize_all(target, c, max_len, s) for s, c in by_split.items()}
     counts = count_tokens(samples["train"], target.config.vocab_size)
     _save_atomic({"token_counts": counts}, out_dir / COUNTS_FILE)
@@ -175,6 +176,278 @@ def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Pat
     log.info("shards: %d written, %d already there", stats.shards_written, stats.shards_skipped)
 
 
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequence:
+    input_ids: torch.Tensor  # (T,) long
+    features: torch.Tensor  # (T, H) fp16
+    loss_mask: torch.Tensor  # (T,) bool
+
+
+def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
+    """All samples of one split, in shard order (fp16 features stay fp16 to halve memory)."""
+    seqs = []
+    for path in sorted(Path(features_dir).glob(f"{split}-*.safetensors")):
+        shard = load_file(str(path))
+        offsets = shard["offsets"].tolist()
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            seqs.append(Sequence(shard["input_ids"][a:b].long(), shard["features"][a:b], shard["loss_mask"][a:b]))
+    return seqs
+
+
+def make_batch(seqs: list[Sequence], noise: float, gen: torch.Generator | None,
+               device: torch.device) -> dict[str, torch.Tensor]:
+    """Pairs (f_t, x_{t+1}) -> f_{t+1}, right-padded. A pair counts when the token its target feature
+    predicts, x_{t+2}, is an assistant token: that is the token the draft proposes from it.
+    Uniform input noise of amplitude noise * 512 / T (the official recipe, T = sample length)."""
+    n = max(len(s.input_ids) for s in seqs) - 1
+    h = seqs[0].features.shape[1]
+    tokens = torch.zeros(len(seqs), n, dtype=torch.long)
+    feats_in, feats_out = torch.zeros(len(seqs), n, h), torch.zeros(len(seqs), n, h)
+    valid = torch.zeros(len(seqs), n, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        m = len(s.input_ids) - 1
+        f = s.features.float()
+        tokens[i, :m], feats_in[i, :m], feats_out[i, :m] = s.input_ids[1:], f[:-1], f[1:]
+        valid[i, :m - 1] = s.loss_mask[2:]
+        if noise > 0:
+            amp = noise * 512 / len(s.input_ids)
+            feats_in[i, :m] += (torch.rand(m, h, generator=gen) - 0.5) * amp
+    positions = torch.arange(n)[None].expand(len(seqs), n)
+    batch = dict(tokens=tokens, feats_in=feats_in, feats_out=feats_out, valid=valid, positions=positions)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def eagle_loss(pred: torch.Tensor, target: torch.Tensor, lm_weight: torch.Tensor,
+               ce_weight: float = 0.1) -> dict[str, torch.Tensor]:
+    """SmoothL1 on features + ce_weight * soft CE(softmax(target logits), log_softmax(draft logits)),
+    both averaged over the given (already masked) positions: pred, target (M, H); lm_weight (V', H)."""
+    l1 = F.smooth_l1_loss(pred.float(), target.float())
+    with torch.no_grad():
+        target_p = torch.softmax(target.float() @ lm_weight.T, dim=-1)
+    log_q = torch.log_softmax(pred.float() @ lm_weight.T, dim=-1)
+    ce = -(target_p * log_q).sum(-1).mean()
+    return dict(loss=l1 + ce_weight * ce, l1=l1, ce=ce)
+
+
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up to 1 over `warmup` steps, then linear decay to 0 at `steps`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (steps - step) / max(1, steps - warmup))
+
+
+def reduced_lm_weight(target: Target, counts: torch.Tensor, vocab_k: int) -> torch.Tensor:
+    """The lm_head rows of the vocab_k most frequent training tokens (all rows when vocab_k <= 0):
+    the soft CE is then a renormalised distribution over those tokens, which cuts its CPU cost."""
+    weight = target.model.lm_head.weight.detach().float()
+    if vocab_k <= 0 or vocab_k >= weight.shape[0]:
+        return weight
+    return weight[torch.topk(counts, vocab_k).indices.sort().values.to(weight.device)].contiguous()
+
+
+
+def _top1_matches(pred: torch.Tensor, target: torch.Tensor, lm_full: torch.Tensor, chunk: int = 512) -> int:
+    """Positions where argmax of the draft logits equals argmax of the target logits (full vocab),
+    in row chunks so (M, V) logits never materialise at once."""
+    hits = 0
+    for i in range(0, pred.shape[0], chunk):
+        p, t = pred[i:i + chunk].float(), target[i:i + chunk].float()
+        hits += int(((p @ lm_full.T).argmax(-1) == (t @ lm_full.T).argmax(-1)).sum())
+    return hits
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, seqs: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor,
+             batch: int = 4, full_ce: bool = False) -> dict[str, float]:
+    """Mean held-out losses (CE over lm_weight's vocabulary, plus the full-vocab CE when asked) and
+    top-1 agreement of draft and target over the pairs the training loss counts."""
+    device = lm_full.device
+    sums = dict(loss=0.0, l1=0.0, ce=0.0, ce_full=0.0, top1=0.0)
+    total = 0
+    for i in range(0, len(seqs), batch):
+        b = make_batch(seqs[i:i + batch], 0.0, None, device)
+        with _autocast(device):
+            pred = head(b["tokens"], b["feats_in"], b["positions"])
+        p, t = pred[b["valid"]].float(), b["feats_out"][b["valid"]]
+        if p.shape[0] == 0:
+            continue
+        n = p.shape[0]
+        for k, v in eagle_loss(p, t, lm_weight).items():
+            sums[k] += float(v) * n
+        if full_ce:
+            sums["ce_full"] += float(eagle_loss(p, t, lm_full)["ce"]) * n
+        sums["top1"] += _top1_matches(p, t, lm_full)
+        total += n
+    out = {k: v / max(total, 1) for k, v in sums.items() if k != "ce_full" or full_ce}
+    return {**out, "positions": total}
+
+
+def _autocast(device: torch.device):
+    """bf16 autocast on CUDA; plain fp32 on CPU (CPU bf16 autocast is not reliably faster for training)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _init_head(target: Target, seed: int) -> DraftHead:
+    """A new fp32 head (fp32 master weights also under bf16 autocast). Its frozen embedding is the
+    target's own when the target is fp32, else an fp32 copy (casting must not touch the target)."""
+    head = new_head(target, seed)
+    if target.dtype != torch.float32:
+        head.embed_tokens = torch.nn.Embedding.from_pretrained(target.model.model.embed_tokens.weight.float())
+    return head.float().train()
+
+
+def _trainable_state(head: DraftHead) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
+
+
+def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, step: int,
+                    gen: torch.Generator) -> None:
+    state = dict(head=_trainable_state(head), optim=opt.state_dict(), step=step,
+                 gen=gen.get_state(), rng=torch.get_rng_state())
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
+    """Restore head, optimizer and RNG state; returns the step to continue from."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    head.load_state_dict(state["head"], strict=False)
+    opt.load_state_dict(state["optim"])
+    gen.set_state(state["gen"])
+    torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"])
+
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 5e-4
+    batch: int = 4
+    warmup: int = 50
+    noise: float = 0.2  # uniform input noise, amplitude noise * 512 / sample length (official recipe)
+    vocab_k: int = 8192  # soft CE over the top-K training tokens (0 = full vocabulary)
+    ce_weight: float = 0.1
+    clip: float = 0.5  # gradient clipping by value, as in the official recipe
+    checkpoint_every: int = 100
+    eval_every: int = 200
+    eval_samples: int = 16  # periodic evaluations use the first N held-out samples; the final one uses all
+    log_every: int = 10
+    seed: int = 0
+
+
+def _log_json(path: Path, record: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                lm_weight: torch.Tensor, cfg: TrainConfig) -> dict[str, float] | None:
+    """One optimizer step; None when the batch has no counted position (nothing to learn from)."""
+    valid = batch["valid"]
+    if not bool(valid.any()):
+        return None
+    with _autocast(lm_weight.device):
+        pred = head(batch["tokens"], batch["feats_in"], batch["positions"])
+    losses = eagle_loss(pred[valid], batch["feats_out"][valid], lm_weight, cfg.ce_weight)
+    opt.zero_grad(set_to_none=True)
+    losses["loss"].backward()
+    torch.nn.utils.clip_grad_value_([p for p in head.parameters() if p.requires_grad], cfg.clip)
+    opt.step()
+    return {k: float(v.detach()) for k, v in losses.items()}
+
+
+def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
+    train, heldout = load_shards(features_dir, "train"), load_shards(features_dir, "heldout")
+    if not train:
+        raise FileNotFoundError(f"No train-*.safetensors shards in {features_dir}: run `prepare` first.")
+    counts = load_file(str(features_dir / COUNTS_FILE))["token_counts"]
+    log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
+             sum(len(s.input_ids) for s in train), len(heldout))
+    return train, heldout, counts
+
+
+
+def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, steps: int = 1000,
+               lr: float = 5e-4, batch: int = 4, final_dir: str | Path | None = None,
+               progress: bool = True, **overrides) -> dict:
+    """Train (or resume) a head on extracted features; saves the final head to out_dir/head (and
+    final_dir when given) with the token counts. Returns a summary (also written to summary.json)."""
+    cfg = TrainConfig(steps=steps, lr=lr, batch=batch, **overrides)
+    features_dir, out_dir = Path(features_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = _logger("train", out_dir / "train.log")
+    train, heldout, counts = _load_data(features_dir, log)
+    head = _init_head(target, cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ckpt = out_dir / "checkpoint.pt"
+    start = load_checkpoint(ckpt, head, opt, gen) if ckpt.exists() else 0
+    log.info("training %d -> %d steps, config %s", start, cfg.steps, asdict(cfg))
+    lm_weight = reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
+    lm_full = target.model.lm_head.weight.detach().float()
+    began = time.perf_counter()
+    last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress)
+    wall = time.perf_counter() - began
+    save_checkpoint(ckpt, head, opt, max(start, cfg.steps), gen)
+    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True) if heldout else {}
+    summary = dict(start_step=start, steps=cfg.steps, wall_s=wall,
+                   steps_per_s=(cfg.steps - start) / wall if wall > 0 and cfg.steps > start else None,
+                   train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
+                   heldout_samples=len(heldout), last_train=last, heldout=final, config=asdict(cfg))
+    _log_json(out_dir / "train_log.jsonl", {"step": max(start, cfg.steps), "final_eval": final})
+    log.info("final held-out: %s", final)
+    head.token_counts.copy_(counts.to(head.token_counts.device))
+    for dest in [out_dir / "head"] + ([Path(final_dir)] if final_dir else []):
+        save_head(head, dest)
+        log.info("saved head to %s", dest)
+    _write_json_atomic(summary, out_dir / "summary.json")
+    return summary
+
+
+def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
+                heldout: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor, cfg: TrainConfig,
+                start: int, out_dir: Path, progress: bool) -> dict[str, float]:
+    """Steps start..cfg.steps with logging, periodic held-out evaluation and checkpoints;
+    returns the mean train losses of the last logging window."""
+    window: list[dict[str, float]] = []
+    last: dict[str, float] = {}
+    bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
+               disable=not progress)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup)
+        picks = torch.randint(len(train), (cfg.batch,), generator=gen).tolist()
+        batch = make_batch([train[i] for i in picks], cfg.noise, gen, lm_full.device)
+        losses = _train_step(head, opt, batch, lm_weight, cfg)
+        if losses is not None:
+            window.append(losses)
+        done = step + 1
+        if window and (done % cfg.log_every == 0 or done == cfg.steps):
+            last = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "lr": opt.param_groups[0]["lr"], **last})
+            bar.set_postfix(loss=f"{last['loss']:.3f}", ce=f"{last['ce']:.2f}")
+            window = []
+        if heldout and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch)
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "eval": metrics})
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+            save_checkpoint(out_dir / "checkpoint.pt", head, opt, done, gen)
+    return last
+
+
 # --- command line ---------------------------------------------------------------------------------
 
 
@@ -189,6 +462,29 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
 def _run_prepare(args: argparse.Namespace, target: Target) -> None:
     prepare_features(target, args.features, args.conversations, args.max_len, args.heldout_fraction,
                      args.shard_size, args.seed, args.sharegpt)
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--out", default="runs/train", help="checkpoints, logs and the trained head")
+    p.add_argument("--final-dir", default=None, help="also save the final head here (e.g. heads/NAME)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--noise", type=float, default=d.noise)
+    p.add_argument("--vocab-k", type=int, default=d.vocab_k, help="soft-CE vocabulary (0 = full)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+
+
+def _run_train(args: argparse.Namespace, target: Target) -> None:
+    train_head(target, args.features, args.out, args.steps, args.lr, args.batch, args.final_dir,
+               warmup=args.warmup, noise=args.noise, vocab_k=args.vocab_k,
+               checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+               eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,10 +517,3 @@ def main(argv: list[str] | None = None) -> int:
         _run_train(args, target)
     return 0
 
-
-def _add_train_args(p):
-    pass
-
-
-def _run_train(args, target):
-    pass

@@ -1,0 +1,290 @@
+"""Pure plotly figures for the paper and the dashboard: each function takes frames (or one step) and
+returns a go.Figure laid out for static export (white background, ~1200 px wide, readable fonts)."""
+from __future__ import annotations
+
+import html
+import math
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from eagle.trace import NodeRecord, StepRecord
+
+from .tables import (
+    CalibrationBy,
+    accept_length_table,
+    calibration_table,
+    depth_rank_table,
+    static_position_table,
+    table_ece,
+)
+
+WIDTH = 1200
+FONT = dict(family="Liberation Sans, Arial, Helvetica, sans-serif", size=18, color="#222")
+PALETTE = qualitative.D3
+ACCEPT_COLOR = "#d62728"
+CONF_SCALE = "Viridis"
+
+
+def paper_layout(fig: go.Figure, title: str, height: int = 700, width: int = WIDTH) -> go.Figure:
+    """The shared look: white template, large fonts, fixed size (the export reads it from here)."""
+    fig.update_layout(template="plotly_white", title=dict(text=title, x=0.5, xanchor="center"),
+                      font=FONT, width=width, height=height, paper_bgcolor="white",
+                      plot_bgcolor="white", margin=dict(l=90, r=40, t=90, b=80))
+    return fig
+
+
+def _empty(title: str, why: str, height: int = 500) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=why, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=20, color="#666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return paper_layout(fig, title, height)
+
+
+def _marker_sizes(counts: pd.Series) -> np.ndarray:
+    """Marker area grows with the bin's count (sqrt), between 8 and 34 px across."""
+    root = np.sqrt(counts.to_numpy(dtype=float))
+    return 8 + 26 * root / max(root.max(), 1.0)
+
+
+# ---- reliability ----------------------------------------------------------------------------------
+def reliability_figure(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bins: int = 10,
+                       per_depth: bool = False) -> go.Figure:
+    """Reliability diagram: acceptance rate against mean prediction per bin, the diagonal, marker size
+    and a bar panel for the bin counts, the ECE in the title; per_depth adds one curve per depth."""
+    table = calibration_table(nodes, by, bins)
+    what = "draft confidence (given parent accepted)" if by == "confidence" else "path value"
+    if table.empty:
+        return _empty(f"Reliability of the {what}", "no verified nodes to measure")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25],
+                        vertical_spacing=0.04)
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
+                             line=dict(color="#999", dash="dash")), row=1, col=1)
+    fig.add_trace(_reliability_curve(table, "all depths", "#222"), row=1, col=1)
+    if per_depth:
+        by_depth = calibration_table(nodes, by, bins, per_depth=True)
+        for i, (depth, t) in enumerate(by_depth.groupby("depth")):
+            name = f"depth {depth} (ECE {table_ece(t):.3f})"
+            fig.add_trace(_reliability_curve(t, name, PALETTE[i % len(PALETTE)], dash="dot"), row=1, col=1)
+    centers = (table["lo"] + table["hi"]) / 2
+    fig.add_trace(go.Bar(x=centers, y=table["count"], width=1 / bins * 0.9, name="nodes per bin",
+                         marker_color="#8c9fb8", showlegend=False), row=2, col=1)
+    fig.update_xaxes(range=[0, 1], row=1, col=1)
+    fig.update_xaxes(range=[0, 1], title_text=f"predicted ({by})", row=2, col=1)
+    fig.update_yaxes(range=[0, 1.02], title_text="empirical acceptance", row=1, col=1)
+    fig.update_yaxes(title_text="count", row=2, col=1)
+    title = (f"Reliability of the {what}<br><sup>ECE = {table_ece(table):.3f} over "
+             f"{int(table['count'].sum())} nodes, {bins} bins</sup>")
+    fig = paper_layout(fig, title, height=850)
+    fig.update_layout(legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.8)"))
+    return fig
+
+
+def _reliability_curve(table: pd.DataFrame, name: str, color: str, dash: str = "solid") -> go.Scatter:
+    return go.Scatter(x=table["mean_pred"], y=table["rate"], mode="lines+markers", name=name,
+                      line=dict(color=color, dash=dash, width=2),
+                      marker=dict(size=_marker_sizes(table["count"]), color=color),
+                      customdata=table[["count", "lo", "hi"]],
+                      hovertemplate="bin [%{customdata[1]:.2f}, %{customdata[2]:.2f})<br>"
+                                    "predicted %{x:.3f}<br>accepted %{y:.3f}<br>n = %{customdata[0]}"
+                                    "<extra></extra>")
+
+
+# ---- per-position acceptance ----------------------------------------------------------------------
+def depth_rank_heatmap(nodes: pd.DataFrame) -> go.Figure:
+    """Acceptance rate given the parent was accepted, per depth (rows) x sibling rank (columns)."""
+    title = "Acceptance given parent accepted, by depth and sibling rank"
+    table = depth_rank_table(nodes)
+    if table.empty:
+        return _empty(title, "no verified nodes with an accepted parent")
+    rate = table.pivot(index="depth", columns="rank", values="rate")
+    count = table.pivot(index="depth", columns="rank", values="count")
+    text = [[("" if math.isnan(r) else f"{r:.2f}<br>n={int(c)}") for r, c in zip(rr, cc)]
+            for rr, cc in zip(rate.to_numpy(dtype=float), count.to_numpy(dtype=float))]
+    fig = go.Figure(go.Heatmap(z=rate.to_numpy(dtype=float), x=[str(c) for c in rate.columns],
+                               y=[str(d) for d in rate.index], text=text, texttemplate="%{text}",
+                               textfont=dict(size=14), colorscale="Blues", zmin=0, zmax=1,
+                               colorbar=dict(title="rate"), xgap=2, ygap=2,
+                               hovertemplate="depth %{y}, rank %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_xaxes(title_text="sibling rank (0 = draft's best)", type="category")
+    fig.update_yaxes(title_text="depth", type="category", autorange="reversed")
+    return paper_layout(fig, title, height=max(450, 110 + 80 * len(rate.index)))
+
+
+def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static") -> go.Figure:
+    """Acceptance of each fixed tree position: mean over prompts with a std error bar, the quartiles
+    as open markers."""
+    title = "Static tree: acceptance per position (given parent accepted)"
+    table = static_position_table(nodes, mode)
+    if table.empty:
+        return _empty(title, "no static-tree rounds in these traces")
+    fig = go.Figure()
+    for i, (depth, t) in enumerate(table.groupby("depth", sort=True)):
+        color = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Bar(x=t["position"], y=t["mean"], name=f"depth {depth}", marker_color=color,
+                             error_y=dict(type="data", array=t["std"].fillna(0.0), color="#333"),
+                             customdata=t[["std", "q25", "q75", "traces", "count"]],
+                             hovertemplate="%{x}: mean %{y:.3f} ± %{customdata[0]:.3f}<br>IQR "
+                                           "[%{customdata[1]:.3f}, %{customdata[2]:.3f}]<br>"
+                                           "%{customdata[3]} prompts, %{customdata[4]} rounds"
+                                           "<extra></extra>"))
+        for q in ("q25", "q75"):
+            fig.add_trace(go.Scatter(x=t["position"], y=t[q], mode="markers", showlegend=False,
+                                     marker=dict(symbol="line-ew-open", size=14, color="#333"),
+                                     hoverinfo="skip"))
+    n = int(table["traces"].max())
+    fig.update_xaxes(title_text="position (sibling ranks from the root)", type="category", tickangle=-60,
+                     tickfont=dict(size=12))
+    fig.update_yaxes(title_text="acceptance rate", range=[0, 1.05])
+    return paper_layout(fig, f"{title}<br><sup>bars: mean over {n} prompt(s); error bars: std; "
+                             "ticks: quartiles</sup>", height=650)
+
+
+def accept_length_figure(steps: pd.DataFrame) -> go.Figure:
+    """Histogram (fraction of rounds) of accept_length = accepted drafts + bonus, one bar per mode."""
+    title = "Tokens per round (accepted drafts + bonus)"
+    table = accept_length_table(steps)
+    if table.empty:
+        return _empty(title, "no decoding rounds")
+    fig = go.Figure()
+    for i, (mode, t) in enumerate(table.groupby("mode", sort=False)):
+        mean = float((t["accept_length"] * t["count"]).sum() / t["count"].sum())
+        fig.add_trace(go.Bar(x=t["accept_length"], y=t["fraction"], name=f"{mode} (mean {mean:.2f})",
+                             marker_color=PALETTE[i % len(PALETTE)], customdata=t["count"],
+                             hovertemplate="%{x} tokens: %{y:.3f} (%{customdata} rounds)<extra></extra>"))
+    fig.update_layout(barmode="group", legend=dict(x=0.98, xanchor="right", y=0.98))
+    fig.update_xaxes(title_text="tokens committed in the round", dtick=1)
+    fig.update_yaxes(title_text="fraction of rounds")
+    return paper_layout(fig, title, height=600)
+
+
+# ---- the draft tree -------------------------------------------------------------------------------
+def tree_layout(nodes: list[NodeRecord]) -> dict[int, tuple[float, float]]:
+    """Tidy layout, networkx-free: x = level below the root, y = row. Leaves take successive rows in
+    depth-first order with siblings by rank; a parent sits midway between its first and last child.
+    Nodes not reachable from a root (a node whose parent is absent) get no position."""
+    ids = {n.id for n in nodes}
+    children: dict[int, list[NodeRecord]] = defaultdict(list)
+    for n in nodes:
+        if n.parent in ids and n.parent != n.id:
+            children[n.parent].append(n)
+    for kids in children.values():
+        kids.sort(key=lambda n: (n.rank, n.id))
+    pos: dict[int, tuple[float, float]] = {}
+    seen: set[int] = set()
+    next_row = 0
+    stack = [(n, 0, False) for n in reversed([n for n in nodes if n.parent not in ids])]
+    while stack:  # iterative post-order: children are placed before their parent
+        node, level, expanded = stack.pop()
+        if not expanded and node.id in seen:
+            continue
+        seen.add(node.id)
+        if expanded:
+            kids = [k for k in children[node.id] if k.id in pos]
+        else:
+            kids = [k for k in children[node.id] if k.id not in seen]
+        if kids and not expanded:
+            stack.append((node, level, True))
+            stack.extend((k, level + 1, False) for k in reversed(kids))
+        elif kids:
+            pos[node.id] = (level, (pos[kids[0].id][1] + pos[kids[-1].id][1]) / 2)
+        else:
+            pos[node.id], next_row = (level, float(next_row)), next_row + 1
+    return pos
+
+
+def token_label(text: str, limit: int = 12) -> str:
+    """A token's text made visible (spaces, newlines, tabs) and safe inside plotly's HTML labels."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return html.escape(shown)
+
+
+def _bonus_node(step: StepRecord) -> NodeRecord:
+    """The bonus token as an extra (last-ranked) child of the last accepted node, so the layout gives
+    it its own row."""
+    parent = step.accepted[-1] if step.accepted else -1
+    depth = next((n.depth + 1 for n in step.nodes if n.id == parent), 0)
+    return NodeRecord(id=max((n.id for n in step.nodes), default=0) + 1, parent=parent, depth=depth,
+                      token=step.bonus_token, text=step.bonus_text, confidence=float("nan"),
+                      value=float("nan"), rank=1 << 30, kept=True, accepted=True)
+
+
+def _edge_xy(pairs: list[tuple[int, int]], pos: dict[int, tuple[float, float]]) -> tuple[list, list]:
+    xs: list = []
+    ys: list = []
+    for a, b in pairs:
+        if a in pos and b in pos:
+            xs += [pos[a][0], pos[b][0], None]
+            ys += [-pos[a][1], -pos[b][1], None]
+    return xs, ys
+
+
+def tree_figure(step: StepRecord, show_pruned: bool = True, label_limit: int = 12) -> go.Figure:
+    """One round's draft tree, left to right: nodes labelled with token text and confidence, coloured
+    by confidence; reranked-away nodes (kept=False) faded; the accepted path in red; the bonus token
+    (the target's own next token) as an extra diamond node at the end of that path."""
+    nodes = [n for n in step.nodes if show_pruned or n.kept]
+    bonus = _bonus_node(step)
+    pos = tree_layout(nodes + [bonus])
+    path = [i for i in step.accepted if i in pos] + [bonus.id]
+    on_path = set(zip(path, path[1:]))
+    edges = [(n.parent, n.id) for n in nodes if (n.parent, n.id) not in on_path]
+    fig = go.Figure()
+    for pairs, color, width, name in ((edges, "#bbb", 1.2, "draft edge"),
+                                      (sorted(on_path), ACCEPT_COLOR, 4, "accepted path")):
+        xs, ys = _edge_xy(pairs, pos)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width),
+                                 name=name, hoverinfo="skip"))
+    placed = [n for n in nodes if n.id in pos]
+    fig.add_trace(_tree_nodes(placed, pos, set(step.accepted), label_limit))
+    fig.add_trace(_bonus_trace(bonus, pos, label_limit))
+    rows = 1 + max((y for _, y in pos.values()), default=0)
+    levels = 1 + max((x for x, _ in pos.values()), default=0)
+    fig.update_xaxes(visible=False, range=[-0.3, levels + 0.2])
+    fig.update_yaxes(visible=False, range=[-rows + 0.4, 0.6])
+    kept = sum(1 for n in step.nodes if n.kept and n.parent >= 0)
+    drafted = sum(1 for n in step.nodes if n.parent >= 0)
+    title = (f"Step {step.step} ({step.mode}): {max(0, len(step.accepted) - 1)} draft token(s) accepted"
+             f" + bonus<br><sup>{kept} verified of {drafted} drafted; faded = reranked away</sup>")
+    fig = paper_layout(fig, title, height=int(max(420, 170 + 30 * rows)))
+    fig.update_layout(legend=dict(orientation="h", x=0, y=-0.02, yanchor="top"), showlegend=True)
+    return fig
+
+
+def _tree_nodes(nodes: list[NodeRecord], pos: dict[int, tuple[float, float]], accepted: set[int],
+                limit: int) -> go.Scatter:
+    root = [n.parent < 0 for n in nodes]
+    labels = [f"{token_label(n.text, limit)}" + ("" if r else f" {n.confidence:.2f}")
+              for n, r in zip(nodes, root)]
+    faded = [0.25 if not n.kept else 1.0 for n in nodes]
+    return go.Scatter(
+        x=[pos[n.id][0] for n in nodes], y=[-pos[n.id][1] for n in nodes], mode="markers+text",
+        text=labels, textposition="middle right", name="draft node",
+        textfont=dict(size=13, color=[f"rgba(34,34,34,{a})" for a in faded]),
+        marker=dict(size=[16 if r else 13 for r in root], symbol=["square" if r else "circle" for r in root],
+                    color=[1.0 if r else n.confidence for n, r in zip(nodes, root)], colorscale=CONF_SCALE,
+                    cmin=0, cmax=1, opacity=faded, colorbar=dict(title="confidence", len=0.6),
+                    line=dict(width=[3 if n.id in accepted else 0.5 for n in nodes],
+                              color=[ACCEPT_COLOR if n.id in accepted else "#555" for n in nodes])),
+        customdata=[[n.id, n.rank, n.value, np.nan if n.target_prob is None else n.target_prob,
+                     "kept" if n.kept else "pruned"] for n in nodes],
+        hovertemplate="node %{customdata[0]} (rank %{customdata[1]}, %{customdata[4]})<br>%{text}<br>"
+                      "value %{customdata[2]:.3f}<br>target p %{customdata[3]:.3f}<extra></extra>")
+
+
+def _bonus_trace(bonus: NodeRecord, pos: dict[int, tuple[float, float]], limit: int) -> go.Scatter:
+    x, y = pos[bonus.id]
+    return go.Scatter(x=[x], y=[-y], mode="markers+text", name="bonus (target's token)",
+                      text=[f"<b>{token_label(bonus.text, limit)}</b> (bonus)"], textposition="middle right",
+                      textfont=dict(size=13, color=ACCEPT_COLOR),
+                      marker=dict(symbol="diamond", size=18, color="white",
+                                  line=dict(width=3, color=ACCEPT_COLOR)),
+                      hovertemplate="bonus token from the target<extra></extra>")

@@ -1,0 +1,260 @@
+"""Pure pandas tables built from decoded traces: one row per drafted node, one row per step, and the
+summaries the paper figures plot (calibration, per-position acceptance, accepted lengths, modes).
+
+Conventions used throughout:
+* The root of a step's tree (the last committed token) is not a drafted node: `nodes_frame` omits it.
+* A node is *verified* when it survived reranking (`kept`). A verified node only had a chance to be
+  accepted if its parent was accepted, so conditional acceptance rates use the *eligible* nodes:
+  verified nodes whose parent was accepted.
+* Step 0 of every trace is the prefill (no draft); per-round statistics leave it out.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from eagle.config import MODES
+from eagle.trace import NodeRecord, StepRecord, Trace, TraceHeader
+
+CalibrationBy = Literal["confidence", "value"]
+
+NODE_COLUMNS = ["trace", "prompt_id", "mode", "step", "id", "parent", "depth", "rank", "position",
+                "token", "text", "confidence", "value", "kept", "accepted", "parent_accepted",
+                "target_prob"]
+STEP_COLUMNS = ["trace", "prompt_id", "mode", "step", "prefill", "accept_length", "accepted_drafts",
+                "new_tokens", "target_forwards", "drafted", "tree_size", "max_depth", "width", "leaves",
+                "t_prefill", "t_draft", "t_verify", "t_commit", "seconds", "finished",
+                "total_tokens", "cfg_depth", "top_k", "temperature"]
+# Header meta keys that name the prompt, most specific first (MT-bench uses question_id).
+PROMPT_ID_KEYS = ("question_id", "prompt_id", "id")
+
+
+def prompt_id(header: TraceHeader) -> object:
+    """The prompt's id from the header meta, or None when the trace does not carry one."""
+    return next((header.meta[k] for k in PROMPT_ID_KEYS if k in header.meta), None)
+
+
+def rank_paths(nodes: list[NodeRecord]) -> dict[int, str]:
+    """Node id -> its position as the sibling ranks from the root, e.g. "0-1-0" ("" for the root).
+    The static tree verifies the same positions every round, so this names a node across rounds."""
+    by_id = {n.id: n for n in nodes}
+    paths: dict[int, str] = {}
+    for n in sorted(nodes, key=lambda n: n.depth):  # parents sit one level above their children
+        parent_path = paths.get(n.parent) if n.parent in by_id else None
+        if parent_path is None:
+            paths[n.id] = ""
+        else:
+            paths[n.id] = f"{parent_path}-{n.rank}" if parent_path else str(n.rank)
+    return paths
+
+
+def _node_rows(i: int, pid: object, step: StepRecord) -> list[dict]:
+    by_id = {n.id: n for n in step.nodes}
+    paths = rank_paths(step.nodes)
+    return [{"trace": i, "prompt_id": pid, "mode": step.mode, "step": step.step, "id": n.id,
+             "parent": n.parent, "depth": n.depth, "rank": n.rank, "position": paths[n.id],
+             "token": n.token, "text": n.text, "confidence": n.confidence, "value": n.value,
+             "kept": bool(n.kept), "accepted": bool(n.accepted),
+             "parent_accepted": bool(by_id[n.parent].accepted) if n.parent in by_id else False,
+             "target_prob": np.nan if n.target_prob is None else n.target_prob}
+            for n in step.nodes if n.parent >= 0]
+
+
+def nodes_frame(traces: list[Trace]) -> pd.DataFrame:
+    """One row per drafted node of every step (the root is left out: it is not a draft)."""
+    rows = [row for i, t in enumerate(traces) for s in t.steps
+            for row in _node_rows(i, prompt_id(t.header), s)]
+    frame = pd.DataFrame(rows, columns=NODE_COLUMNS)
+    return frame.astype({"kept": bool, "accepted": bool, "parent_accepted": bool,
+                         "confidence": float, "value": float, "target_prob": float})
+
+
+def tree_shape(step: StepRecord) -> dict[str, int]:
+    """Shape of the verified draft tree (root excluded): size, deepest level, widest level, leaves."""
+    kept = [n for n in step.nodes if n.kept and n.parent >= 0]
+    per_depth = Counter(n.depth for n in kept)
+    parents = {n.parent for n in kept}
+    return {"drafted": sum(1 for n in step.nodes if n.parent >= 0), "tree_size": len(kept),
+            "max_depth": max(per_depth, default=0), "width": max(per_depth.values(), default=0),
+            "leaves": sum(1 for n in kept if n.id not in parents)}
+
+
+def _step_row(i: int, header: TraceHeader, step: StepRecord) -> dict:
+    t = step.timings
+    prefill = step.step == 0 or "prefill" in t
+    cfg = header.config
+    return {"trace": i, "prompt_id": prompt_id(header), "mode": step.mode, "step": step.step,
+            "prefill": prefill, "accept_length": step.accept_length,
+            "accepted_drafts": 0 if prefill else max(0, step.accept_length - 1),
+            "new_tokens": len(step.new_tokens), "target_forwards": step.target_forwards,
+            **tree_shape(step),
+            **{f"t_{k}": float(t.get(k, np.nan)) for k in ("prefill", "draft", "verify", "commit")},
+            "seconds": float(sum(t.values())), "finished": step.finished,
+            "total_tokens": cfg.get("total_tokens"), "cfg_depth": cfg.get("depth"),
+            "top_k": cfg.get("top_k"), "temperature": cfg.get("temperature")}
+
+
+def steps_frame(traces: list[Trace]) -> pd.DataFrame:
+    """One row per step. tree_size counts the verified draft tokens (the config's total_tokens
+    counts the root too); accepted_drafts = accept_length - 1 (0 for the prefill)."""
+    rows = [_step_row(i, t.header, s) for i, t in enumerate(traces) for s in t.steps]
+    return pd.DataFrame(rows, columns=STEP_COLUMNS).astype({"prefill": bool})
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+def calibration_sample(nodes: pd.DataFrame, by: CalibrationBy = "confidence") -> pd.DataFrame:
+    """The nodes a calibration statistic is measured on, with `pred` (the prediction) and
+    `hit` (the event) columns.
+
+    by="confidence": confidence is the draft's probability of the token *given its parent*, so the
+    event is "accepted given the parent was accepted", over verified nodes whose parent was accepted
+    (a node whose parent was rejected never had a chance and would bias the rate down).
+    by="value": value is the path product, a prediction of the whole path being right, so the
+    event is "accepted" over all verified nodes."""
+    if by not in ("confidence", "value"):
+        raise ValueError(f"by must be 'confidence' or 'value', got {by!r}")
+    mask = nodes["kept"] & nodes["parent_accepted"] if by == "confidence" else nodes["kept"]
+    sample = nodes.loc[mask, ["mode", "depth", "rank", by, "accepted"]]
+    return sample.rename(columns={by: "pred", "accepted": "hit"}).astype({"pred": float, "hit": float})
+
+
+def calibration_table(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bins: int = 10,
+                      per_depth: bool = False) -> pd.DataFrame:
+    """Equal-width bins of the prediction on [0, 1]: mean prediction, empirical acceptance rate,
+    count and accepted per (depth and) bin. Empty bins are left out. See calibration_sample for
+    which nodes count and what the event is."""
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    sample = calibration_sample(nodes, by)
+    inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    # Clip: float products can land a hair outside [0, 1]; 1.0 belongs to the last bin.
+    sample = sample.assign(bin=np.clip(np.digitize(sample["pred"], inner_edges), 0, bins - 1))
+    keys = ["depth", "bin"] if per_depth else ["bin"]
+    table = (sample.groupby(keys, sort=True)
+             .agg(mean_pred=("pred", "mean"), rate=("hit", "mean"), count=("hit", "size"),
+                  accepted=("hit", "sum"))
+             .reset_index())
+    table.insert(len(keys), "lo", table["bin"] / bins)
+    table.insert(len(keys) + 1, "hi", (table["bin"] + 1) / bins)
+    return table.astype({"count": int, "accepted": int})
+
+
+def table_ece(table: pd.DataFrame) -> float:
+    """Count-weighted mean |rate - mean prediction| over the rows of a calibration table."""
+    total = table["count"].sum()
+    if total == 0:
+        return float("nan")
+    return float((table["count"] * (table["rate"] - table["mean_pred"]).abs()).sum() / total)
+
+
+def expected_calibration_error(nodes: pd.DataFrame, by: CalibrationBy = "confidence",
+                               bins: int = 10) -> float:
+    """ECE of the draft's `by` over equal-width bins (NaN when no node qualifies)."""
+    return table_ece(calibration_table(nodes, by, bins))
+
+
+# ---- per-position acceptance ----------------------------------------------------------------------
+def _eligible(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Verified nodes whose parent was accepted: the ones that could have been accepted."""
+    return nodes[nodes["kept"] & nodes["parent_accepted"]]
+
+
+def depth_rank_table(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance rate given the parent was accepted, per depth x sibling rank, with counts."""
+    table = (_eligible(nodes).groupby(["depth", "rank"], sort=True)
+             .agg(rate=("accepted", "mean"), count=("accepted", "size"), accepted=("accepted", "sum"))
+             .reset_index())
+    return table.astype({"rate": float, "count": int, "accepted": int})
+
+
+def _position_key(position: str) -> tuple[int, tuple[int, ...]]:
+    ranks = tuple(int(r) for r in position.split("-")) if position else ()
+    return len(ranks), ranks
+
+
+def static_position_table(nodes: pd.DataFrame, mode: str | None = "static") -> pd.DataFrame:
+    """Acceptance (given the parent was accepted) of each fixed tree position ("0-1-0": rank path
+    from the root), measured per trace (prompt), then its mean, std, quartiles over traces; `rate` is
+    the pooled rate over all rounds. mode=None pools every mode."""
+    sample = _eligible(nodes if mode is None else nodes[nodes["mode"] == mode])
+    per_trace = (sample.groupby(["position", "trace"])["accepted"]
+                 .agg(["mean", "size", "sum"]).reset_index())
+    grouped = per_trace.groupby("position")
+    table = pd.DataFrame({
+        "mean": grouped["mean"].mean(), "std": grouped["mean"].std(ddof=1),
+        "q25": grouped["mean"].quantile(0.25), "q75": grouped["mean"].quantile(0.75),
+        "traces": grouped["trace"].nunique(), "count": grouped["size"].sum(),
+        "accepted": grouped["sum"].sum()}).reset_index()
+    table.insert(1, "depth", [_position_key(p)[0] for p in table["position"]])
+    table["rate"] = table["accepted"] / table["count"]
+    order = sorted(range(len(table)), key=lambda i: _position_key(table["position"].iloc[i]))
+    return table.iloc[order].reset_index(drop=True)
+
+
+# ---- accepted length, tree shape, modes -----------------------------------------------------------
+def _rounds(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps[~steps["prefill"]]
+
+
+def accept_length_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Distribution of accept_length (accepted drafts + bonus) per mode over the decoding rounds."""
+    counts = _rounds(steps).groupby(["mode", "accept_length"]).size().rename("count").reset_index()
+    counts["fraction"] = counts["count"] / counts.groupby("mode")["count"].transform("sum")
+    return counts
+
+
+def depth_profile(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Per mode and depth: drafted and verified nodes per round, and the acceptance rate given the
+    parent was accepted."""
+    rounds = nodes.drop_duplicates(["mode", "trace", "step"]).groupby("mode").size()
+    table = nodes.groupby(["mode", "depth"]).agg(drafted=("id", "size"), kept=("kept", "sum"))
+    table = table.reset_index()
+    per_round = table["mode"].map(rounds).astype(float)
+    table["drafted_per_round"] = table["drafted"] / per_round
+    table["kept_per_round"] = table["kept"] / per_round
+    rate = _eligible(nodes).groupby(["mode", "depth"])["accepted"].mean().rename("rate")
+    return table.merge(rate.reset_index(), on=["mode", "depth"], how="left")
+
+
+def tree_shape_summary(steps: pd.DataFrame) -> pd.DataFrame:
+    """Mean and spread of the verified tree's size, depth, width and leaves per mode."""
+    cols = ["drafted", "tree_size", "max_depth", "width", "leaves"]
+    table = _rounds(steps).groupby("mode")[cols].agg(["mean", "std", "min", "max"])
+    table.columns = [f"{c}_{stat}" for c, stat in table.columns]
+    return table.reset_index()
+
+
+def _mode_order(modes: pd.Series) -> list:
+    return sorted(modes.unique(), key=lambda m: (MODES.index(m) if m in MODES else len(MODES), str(m)))
+
+
+def compare_modes(traces: list[Trace]) -> pd.DataFrame:
+    """Per mode: tau = new tokens / target forwards (the prefill counts as one of each), mean
+    accept_length and tree size per round, decoder-timed tokens/s, the draft's share of the time,
+    and the speed-up over vanilla when vanilla traces are present."""
+    return mode_summary(steps_frame(traces))
+
+
+def mode_summary(steps: pd.DataFrame) -> pd.DataFrame:
+    """compare_modes on an existing steps_frame."""
+    rows = []
+    for mode in _mode_order(steps["mode"]):
+        s = steps[steps["mode"] == mode]
+        r = _rounds(s)
+        seconds, tokens, forwards = s["seconds"].sum(), s["new_tokens"].sum(), s["target_forwards"].sum()
+        rows.append({"mode": mode, "traces": s["trace"].nunique(), "rounds": len(r),
+                     "new_tokens": int(tokens), "target_forwards": int(forwards),
+                     "tau": tokens / forwards if forwards else np.nan,
+                     "mean_accept_length": r["accept_length"].mean(),
+                     "mean_tree_size": r["tree_size"].mean(), "seconds": seconds,
+                     "tokens_per_s": tokens / seconds if seconds > 0 else np.nan,
+                     "draft_share": s["t_draft"].sum() / seconds if seconds > 0 else np.nan})
+    table = pd.DataFrame(rows, columns=["mode", "traces", "rounds", "new_tokens", "target_forwards",
+                                        "tau", "mean_accept_length", "mean_tree_size", "seconds",
+                                        "tokens_per_s", "draft_share"])
+    vanilla = table.loc[table["mode"] == "vanilla", "tokens_per_s"]
+    table["speedup"] = table["tokens_per_s"] / vanilla.iloc[0] if len(vanilla) else np.nan
+    return table

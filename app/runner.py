@@ -1,0 +1,78 @@
+"""Generation for the pages: one round at a time, under the process-wide lock.
+
+The decoder and the model are shared by every session, so a whole generation holds models.lock.
+A Streamlit rerun (the user typed more, pressed Stop, moved a widget) interrupts the script at its
+next element update; the try/finally below then closes the step generator and frees the lock."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Callable
+
+from eagle.config import DecodeConfig
+from eagle.decode import Decoder, Generation, encode_prompt
+from eagle.trace import StepRecord, Trace, TraceHeader
+
+from .state import Models
+
+OnStep = Callable[[Trace], bool]  # called after every round; True stops the generation
+OnWait = Callable[[], None]  # called while another session holds the lock (keeps the page live)
+
+
+def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[int]) -> Trace:
+    header = TraceHeader(model=models.target.name, head=models.head_source, config=asdict(cfg),
+                         prompt=prompt, prompt_tokens=len(prompt_ids),
+                         meta={"seconds": 0.0, "finished": None})
+    return Trace(header, [])
+
+
+def prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
+    """Encode and build the decoder; PromptError / ValueError carry a one-sentence message."""
+    ids = encode_prompt(models.target.tokenizer, prompt, models.target.max_context)
+    decoder = Decoder(models.target, models.head, cfg)
+    return decoder, ids, new_trace(models, prompt, cfg, ids)
+
+
+def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
+        on_step: OnStep, on_wait: OnWait) -> Trace:
+    """Decode into `trace` (filled in place, so a caller that keeps it sees partial progress)."""
+    _acquire(models, on_wait)
+    steps = decoder.steps(ids)
+    t0 = time.perf_counter()
+    try:
+        for record in steps:
+            trace.steps.append(record)
+            _stamp(trace, t0, record.finished)
+            if on_step(trace):
+                _stamp(trace, t0, "stopped")
+                break
+    finally:
+        steps.close()
+        models.lock.release()
+    return trace
+
+
+def _acquire(models: Models, on_wait: OnWait) -> None:
+    # Poll rather than block: each on_wait() touches the page, so a rerun can still interrupt us.
+    while not models.lock.acquire(timeout=0.25):
+        on_wait()
+
+
+def _stamp(trace: Trace, t0: float, finished: str | None) -> None:
+    trace.header.meta.update(seconds=time.perf_counter() - t0, finished=finished)
+
+
+def generation(trace: Trace) -> Generation:
+    """The trace as eagle's Generation, for tau and tokens/s."""
+    tokens = [t for s in trace.steps for t in s.new_tokens]
+    meta = trace.header.meta
+    return Generation([], tokens, trace.steps, float(meta.get("seconds") or 0.0), meta.get("finished"))
+
+
+def is_complete(trace: Trace) -> bool:
+    """Finished (eos / max_new_tokens / context) or stopped by the user; not merely interrupted."""
+    return trace.header.meta.get("finished") is not None
+
+
+def last_step(trace: Trace) -> StepRecord | None:
+    return trace.steps[-1] if trace.steps else None

@@ -1,0 +1,124 @@
+"""Command line: `python -m eagle generate|bench|prepare|train ...`. argparse lives only here."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .config import MODES, PRESETS, DecodeConfig
+from .target import DEFAULT_MODEL, ModelLoadError
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """Model, head and decoding options shared by `generate` and `bench`."""
+    d = DecodeConfig()
+    p.add_argument("--model", default=DEFAULT_MODEL, help="default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--head", default="auto", help="draft head dir, 'auto' (shipped head) or 'random'")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="tree budget preset (paper: 60/6/10 for GPUs; cpu: tuned for this machine)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--top-k-sampling", type=int, default=d.top_k_sampling, help="target top-k (0 = off)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--total-tokens", type=int, default=None, help=f"nodes verified per round ({d.total_tokens})")
+    p.add_argument("--depth", type=int, default=None, help=f"draft expansion steps ({d.depth})")
+    p.add_argument("--top-k", type=int, default=None, help=f"children per node and beam width ({d.top_k})")
+    p.add_argument("--draft-vocab", type=int, default=None, help="score only the K most frequent tokens (0 = all)")
+
+
+def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
+    base = PRESETS[args.preset] if args.preset else DecodeConfig()
+    overrides = {k: getattr(args, k) for k in ("total_tokens", "depth", "top_k", "draft_vocab")
+                 if getattr(args, k) is not None}
+    return base.with_(mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=args.seed, **overrides)
+
+
+def load_pair(args: argparse.Namespace, need_head: bool):
+    from .head import resolve_head
+    from .target import load_target
+    target = load_target(args.model, device=args.device)
+    head, source = resolve_head(target, args.head) if need_head else (None, None)
+    return target, head, source
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .decode import Decoder, encode_prompt, generate
+    from .trace import TraceHeader, TraceWriter
+    cfg = config_from_args(args, args.mode)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    target, head, source = load_pair(args, cfg.mode != "vanilla")
+    ids = encode_prompt(target.tokenizer, prompt, target.max_context)
+    decoder = Decoder(target, head, cfg)
+    writer = TraceWriter(args.trace) if args.trace else None
+    if writer:
+        writer.header(TraceHeader(target.name, source, asdict(cfg), prompt, len(ids)))
+    printed = 0
+
+    def on_step(record) -> bool:
+        nonlocal printed
+        if writer:
+            writer.step(record)
+        if not args.json:
+            print(record.new_text, end="", flush=True)
+        return False
+
+    try:
+        result = generate(decoder, ids, on_step)
+    finally:
+        if writer:
+            writer.close()
+    text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    summary = {"text": text, "new_tokens": len(result.tokens), "seconds": round(result.seconds, 4),
+               "tokens_per_second": round(result.tokens_per_second, 3), "mode": cfg.mode,
+               "tau": round(result.tau, 4), "target_forwards": result.target_forwards,
+               "finished": result.finished, "head": source, "config": asdict(cfg)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"\n[{cfg.mode}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
+              f"({result.tokens_per_second:.1f} tok/s), tau {result.tau:.2f}, stop: {result.finished}",
+              file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("--prompt", required=True, help="the user message ('-' reads stdin)")
+    g.add_argument("--mode", choices=MODES, default="dynamic")
+    g.add_argument("--trace", type=Path, default=None, help="append the trace (JSON lines) to this file")
+    g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    add_decode_args(g)
+    g.set_defaults(func=cmd_generate)
+    for name in ("bench", "prepare", "train"):
+        sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("bench", "prepare", "train"):
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    if command == "bench":
+        from .bench import main as bench_main
+        return bench_main(argv)
+    from .train import main as train_main
+    return train_main([command, *argv])

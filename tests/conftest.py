@@ -1,0 +1,42 @@
+"""Shared fixtures: the real default model is loaded once per test session."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@pytest.fixture(scope="session")
+def target():
+    from eagle.target import load_target
+    return load_target()
+
+
+@pytest.fixture(scope="session")
+def random_head(target):
+    from eagle.head import new_head
+    return new_head(target, seed=0)
+
+
+@pytest.fixture(scope="session")
+def trained_head(target):
+    from eagle.head import load_head, shipped_head_path
+    path = shipped_head_path(target.name)
+    if path is None:
+        pytest.skip("no trained head ships for the default model yet")
+    return load_head(path, target)
+
+
+@pytest.fixture(scope="session")
+def mt_prompts():
+    import json
+    root = Path(__file__).resolve().parent.parent
+    with open(root / "data" / "mt_bench.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

@@ -1,0 +1,116 @@
+"""Foundation: loading the embedded default model, the lean forward path, the KV cache, vanilla decoding."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle.config import DecodeConfig
+from eagle.decode import Decoder, encode_prompt, generate
+from eagle.target import DEFAULT_MODEL, ModelLoadError, cache_dir, load_target
+from tests.tiny import tiny_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_model_loads_from_cache_quickly(target):
+    assert (cache_dir() / DEFAULT_MODEL / "model.safetensors").is_file()
+    t0 = time.perf_counter()
+    again = load_target()
+    assert time.perf_counter() - t0 < 5.0
+    assert again.config.vocab_size == 49152 and again.dtype == torch.float32
+    assert again.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_missing_model_gives_one_clear_sentence(tmp_path):
+    with pytest.raises(ModelLoadError, match="Could not load model"):
+        load_target(str(tmp_path / "no-such-model"))
+
+
+def test_forward_features_are_post_norm_hidden_states(target):
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 2365]])
+    cache = target.new_cache(16)
+    logits, feats = target.forward(ids, torch.arange(6)[None], cache, 0)
+    ref = target.model(ids, output_hidden_states=True)
+    assert torch.allclose(logits, ref.logits, atol=1e-4)
+    # transformers applies the final norm to the last hidden state it returns: that is the EAGLE feature.
+    assert torch.allclose(feats, ref.hidden_states[-1], atol=1e-4)
+    assert torch.allclose(target.lm_head(feats), logits, atol=1e-4)
+
+
+def test_cache_commit_equals_recomputing_the_accepted_prefix():
+    tgt = tiny_target()
+    prefix, tree_tokens = torch.tensor([[3, 5, 7]]), torch.tensor([[2, 4, 6, 8]])
+    parents = [-1, 0, 0, 2]  # node 3 hangs under node 2; nodes 1 and 3 are on different branches
+    from eagle.tree import build_tree
+    tree = build_tree(tree_tokens[0], torch.tensor(parents))
+    cache = tgt.new_cache(32)
+    tgt.forward(prefix, torch.arange(3)[None], cache, 0)
+    cache.length = 3
+    tgt.forward(tree_tokens, (3 + tree.depths)[None], cache, 3, tree.mask)
+    cache.commit(torch.tensor([3, 5, 6]))  # accept root, node 2, node 3
+    nxt = torch.tensor([[9]])
+    got, _ = tgt.forward(nxt, torch.tensor([[6]]), cache, 6)
+    full = torch.tensor([[3, 5, 7, 2, 6, 8, 9]])
+    ref, _ = tgt.forward(full, torch.arange(7)[None], tgt.new_cache(32), 0)
+    assert torch.allclose(got[0, -1], ref[0, -1], atol=1e-5)
+
+
+def test_cache_overflow_is_a_clear_error():
+    tgt = tiny_target()
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        tgt.forward(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], tgt.new_cache(2), 0)
+
+
+def test_vanilla_greedy_equals_hf_generate(target):
+    ids = encode_prompt(target.tokenizer, "Give me two tips for better sleep.", target.max_context)
+    ours = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=48)), ids)
+    ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=48,
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    assert ours.tokens == ref[0, len(ids):].tolist()
+    assert len(ours.steps) == len(ours.tokens)  # one record per token
+
+
+def test_vanilla_sampling_is_seeded_and_respects_eos(target):
+    ids = encode_prompt(target.tokenizer, "Say hello.", target.max_context)
+    cfg = DecodeConfig(mode="vanilla", max_new_tokens=24, temperature=0.8, top_p=0.9, top_k_sampling=50, seed=3)
+    a = generate(Decoder(target, None, cfg), ids)
+    b = generate(Decoder(target, None, cfg), ids)
+    assert a.tokens == b.tokens
+    assert a.finished in ("eos", "max_new_tokens")
+    assert a.finished != "eos" or a.tokens[-1] in target.eos_ids
+
+
+def test_chat_template_is_applied(target):
+    ids = encode_prompt(target.tokenizer, "Hi", target.max_context)
+    text = target.tokenizer.decode(ids)
+    assert "<|im_start|>user\nHi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_generate_json_summary():
+    out = _cli("generate", "--prompt", "What is 2+2?", "--mode", "vanilla", "--max-new-tokens", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("text", "new_tokens", "seconds", "tokens_per_second", "mode", "tau", "target_forwards"):
+        assert key in summary
+    assert summary["mode"] == "vanilla" and 1 <= summary["new_tokens"] <= 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "   "], "prompt is empty"),
+    (["--prompt", "hi", "--depth", "0"], "depth must be"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature must be"),
+    (["--prompt", "hi", "--head", "/no/such/head"], "No draft head"),
+])
+def test_cli_bad_input_is_one_clear_sentence(args, message):
+    out = _cli("generate", *args)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
