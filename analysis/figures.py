@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from collections import defaultdict
 
 import numpy as np
@@ -19,6 +20,7 @@ from .tables import (
     accept_length_table,
     calibration_table,
     depth_rank_table,
+    mode_order,
     static_position_table,
     table_ece,
 )
@@ -82,7 +84,7 @@ def reliability_figure(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bi
     title = (f"Reliability of the {what}<br><sup>ECE = {table_ece(table):.3f} over "
              f"{int(table['count'].sum())} nodes, {bins} bins</sup>")
     fig = paper_layout(fig, title, height=850)
-    fig.update_layout(legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.8)"))
+    fig.update_layout(legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     return fig
 
 
@@ -124,11 +126,15 @@ def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static") -> 
     table = static_position_table(nodes, mode)
     if table.empty:
         return _empty(title, "no static-tree rounds in these traces")
+    std = table["std"].fillna(0.0)  # one prompt: no spread
+    # Clip the std bars to [0, 1]: a rate cannot leave it, and the bars would suggest it could.
+    up, down = np.minimum(std, 1 - table["mean"]), np.minimum(std, table["mean"])
     fig = go.Figure()
     for i, (depth, t) in enumerate(table.groupby("depth", sort=True)):
         color = PALETTE[i % len(PALETTE)]
         fig.add_trace(go.Bar(x=t["position"], y=t["mean"], name=f"depth {depth}", marker_color=color,
-                             error_y=dict(type="data", array=t["std"].fillna(0.0), color="#333"),
+                             error_y=dict(type="data", array=up.loc[t.index], arrayminus=down.loc[t.index],
+                                          color="#333"),
                              customdata=t[["std", "q25", "q75", "traces", "count"]],
                              hovertemplate="%{x}: mean %{y:.3f} ± %{customdata[0]:.3f}<br>IQR "
                                            "[%{customdata[1]:.3f}, %{customdata[2]:.3f}]<br>"
@@ -142,8 +148,8 @@ def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static") -> 
     fig.update_xaxes(title_text="position (sibling ranks from the root)", type="category", tickangle=-60,
                      tickfont=dict(size=12))
     fig.update_yaxes(title_text="acceptance rate", range=[0, 1.05])
-    return paper_layout(fig, f"{title}<br><sup>bars: mean over {n} prompt(s); error bars: std; "
-                             "ticks: quartiles</sup>", height=650)
+    note = f"bars: mean over {n} prompt(s); error bars: std (clipped to [0, 1]); ticks: quartiles"
+    return paper_layout(fig, f"{title}<br><sup>{note}</sup>", height=650)
 
 
 def accept_length_figure(steps: pd.DataFrame) -> go.Figure:
@@ -153,7 +159,8 @@ def accept_length_figure(steps: pd.DataFrame) -> go.Figure:
     if table.empty:
         return _empty(title, "no decoding rounds")
     fig = go.Figure()
-    for i, (mode, t) in enumerate(table.groupby("mode", sort=False)):
+    for i, mode in enumerate(mode_order(table["mode"])):
+        t = table[table["mode"] == mode]
         mean = float((t["accept_length"] * t["count"]).sum() / t["count"].sum())
         fig.add_trace(go.Bar(x=t["accept_length"], y=t["fraction"], name=f"{mode} (mean {mean:.2f})",
                              marker_color=PALETTE[i % len(PALETTE)], customdata=t["count"],
@@ -200,11 +207,14 @@ def tree_layout(nodes: list[NodeRecord]) -> dict[int, tuple[float, float]]:
 
 
 def token_label(text: str, limit: int = 12) -> str:
-    """A token's text made visible (spaces, newlines, tabs) and safe inside plotly's HTML labels."""
+    """A token's text made visible (spaces, newlines, tabs) and safe inside plotly's HTML labels.
+    Other control characters become \\xNN: they are invalid in SVG and make the export fail."""
     shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+    shown = "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) in ("Cc", "Cs", "Cn") else c
+                    for c in shown)
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
-    return html.escape(shown)
+    return html.escape(shown, quote=False)
 
 
 def _bonus_node(step: StepRecord) -> NodeRecord:

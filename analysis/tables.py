@@ -227,7 +227,8 @@ def tree_shape_summary(steps: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def _mode_order(modes: pd.Series) -> list:
+def mode_order(modes: pd.Series) -> list:
+    """The modes present, vanilla -> static -> dynamic first, any other after."""
     return sorted(modes.unique(), key=lambda m: (MODES.index(m) if m in MODES else len(MODES), str(m)))
 
 
@@ -241,7 +242,7 @@ def compare_modes(traces: list[Trace]) -> pd.DataFrame:
 def mode_summary(steps: pd.DataFrame) -> pd.DataFrame:
     """compare_modes on an existing steps_frame."""
     rows = []
-    for mode in _mode_order(steps["mode"]):
+    for mode in mode_order(steps["mode"]):
         s = steps[steps["mode"] == mode]
         r = _rounds(s)
         seconds, tokens, forwards = s["seconds"].sum(), s["new_tokens"].sum(), s["target_forwards"].sum()

@@ -5,6 +5,7 @@ import html
 from dataclasses import asdict
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from eagle.trace import StepRecord, Trace
@@ -38,7 +39,7 @@ def show_metrics(trace: Trace) -> None:
     gen = generation(trace)
     cols = st.columns(4)
     cols[0].metric("Tokens", len(gen.tokens))
-    cols[1].metric("τ (tokens / target forward)", f"{gen.tau:.2f}")
+    cols[1].metric("τ", f"{gen.tau:.2f}", help="New tokens per target forward pass (prefill included)")
     cols[2].metric("Tokens / s", f"{gen.tokens_per_second:.1f}")
     cols[3].metric("Rounds", max(0, len(trace.steps) - 1), help=_finish_note(trace))
 
@@ -64,3 +65,28 @@ def nodes_table(step: StepRecord) -> pd.DataFrame:
     if frame.empty:
         return frame
     return frame.sort_values(["kept", "depth", "rank"], ascending=[False, True, True])
+
+
+def fit_tree(fig: go.Figure, max_height: int = 950) -> go.Figure:
+    """Paper-layout trees grow 30 px per row; on screen, cap the height (plotly zooms for detail) so
+    the node table stays within reach, and shrink the labels to match. Returns a copy: exports keep
+    the paper layout."""
+    fig = go.Figure(fig)
+    if (fig.layout.height or 0) > max_height:
+        fig.update_layout(height=max_height)
+        fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
+    return fig
+
+
+def compact(fig: go.Figure) -> go.Figure:
+    """The paper layout's 18 px fonts crowd a half-width column: a copy with smaller text and margins."""
+    fig = go.Figure(fig)
+    fig.update_layout(font_size=12, title_font_size=14, margin=dict(l=10, r=10, t=60, b=10),
+                      legend=dict(orientation="h", font_size=11))
+    fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
+    return fig
+
+
+def show_figure(fig: go.Figure, key: str) -> None:
+    """analysis/ figures carry their own paper layout: keep it (theme=None), stretch to the column."""
+    st.plotly_chart(fig, theme=None, width="stretch", key=key)

@@ -76,3 +76,8 @@ def is_complete(trace: Trace) -> bool:
 
 def last_step(trace: Trace) -> StepRecord | None:
     return trace.steps[-1] if trace.steps else None
+
+
+def matches(trace: Trace | None, prompt: str, cfg: DecodeConfig) -> bool:
+    """Whether `trace` decoded this prompt with these settings."""
+    return trace is not None and trace.header.prompt == prompt and trace.header.config == asdict(cfg)

@@ -32,9 +32,7 @@ class Models:
 
     @property
     def head_label(self) -> str:
-        if self.head_trained:
-            return f"trained head ({self.head_source})"
-        return "random head: no trained head ships for this model, so drafts are rarely accepted"
+        return f"trained head ({self.head_source})" if self.head_trained else "random head"
 
 
 @st.cache_resource(show_spinner=False)
@@ -87,4 +85,5 @@ def show_head_badge(models: Models) -> None:
     if models.head_trained:
         st.sidebar.success(f"Draft head: {models.head_label}")
     else:
-        st.sidebar.warning(f"Draft head: {models.head_label}")
+        st.sidebar.warning("Draft head: random (no trained head ships for this model yet), so drafts "
+                           "are rarely accepted and τ stays near 1.")

@@ -345,6 +345,7 @@ class TrainConfig:
     eval_samples: int = 16  # periodic evaluations use the first N held-out samples; the final one uses all
     log_every: int = 10
     seed: int = 0
+    max_minutes: float = 0.0  # safety stop: end early (still saving the head) after this long; 0 = off
 
 
 def _log_json(path: Path, record: dict) -> None:
@@ -399,15 +400,15 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
     lm_weight = reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
     lm_full = target.model.lm_head.weight.detach().float()
     began = time.perf_counter()
-    last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress)
+    done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress)
     wall = time.perf_counter() - began
-    save_checkpoint(ckpt, head, opt, max(start, cfg.steps), gen)
+    save_checkpoint(ckpt, head, opt, done, gen)
     final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True) if heldout else {}
-    summary = dict(start_step=start, steps=cfg.steps, wall_s=wall,
-                   steps_per_s=(cfg.steps - start) / wall if wall > 0 and cfg.steps > start else None,
+    summary = dict(start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
+                   steps_per_s=(done - start) / wall if wall > 0 and done > start else None,
                    train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
                    heldout_samples=len(heldout), last_train=last, heldout=final, config=asdict(cfg))
-    _log_json(out_dir / "train_log.jsonl", {"step": max(start, cfg.steps), "final_eval": final})
+    _log_json(out_dir / "train_log.jsonl", {"step": done, "final_eval": final})
     log.info("final held-out: %s", final)
     head.token_counts.copy_(counts.to(head.token_counts.device))
     for dest in [out_dir / "head"] + ([Path(final_dir)] if final_dir else []):
@@ -419,11 +420,13 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
 
 def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
                 heldout: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor, cfg: TrainConfig,
-                start: int, out_dir: Path, progress: bool) -> dict[str, float]:
+                start: int, out_dir: Path, progress: bool) -> tuple[int, dict[str, float]]:
     """Steps start..cfg.steps with logging, periodic held-out evaluation and checkpoints;
-    returns the mean train losses of the last logging window."""
+    returns the step reached and the mean train losses of the last logging window."""
     window: list[dict[str, float]] = []
     last: dict[str, float] = {}
+    done = start
+    deadline = time.perf_counter() + cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
     bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
                disable=not progress)
     for step in bar:
@@ -435,7 +438,8 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
         if losses is not None:
             window.append(losses)
         done = step + 1
-        if window and (done % cfg.log_every == 0 or done == cfg.steps):
+        out_of_time = time.perf_counter() > deadline
+        if window and (done % cfg.log_every == 0 or done == cfg.steps or out_of_time):
             last = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
             _log_json(out_dir / "train_log.jsonl", {"step": done, "lr": opt.param_groups[0]["lr"], **last})
             bar.set_postfix(loss=f"{last['loss']:.3f}", ce=f"{last['ce']:.2f}")
@@ -445,7 +449,10 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
             _log_json(out_dir / "train_log.jsonl", {"step": done, "eval": metrics})
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save_checkpoint(out_dir / "checkpoint.pt", head, opt, done, gen)
-    return last
+        if out_of_time:
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "stopped": "time budget reached"})
+            break
+    return done, last
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -478,13 +485,16 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes,
+                   help="end early (saving the head) after this many minutes; 0 = no limit")
 
 
 def _run_train(args: argparse.Namespace, target: Target) -> None:
     train_head(target, args.features, args.out, args.steps, args.lr, args.batch, args.final_dir,
                warmup=args.warmup, noise=args.noise, vocab_k=args.vocab_k,
                checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-               eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed)
+               eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
+               max_minutes=args.max_minutes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 # Headless Chromium: figure export (kaleido) and the browser test. Optional: skipped without root/apt.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver fonts-liberation >/dev/null) \
     || echo "note: could not install chromium; PNG export and the browser test will be skipped"
 fi
 # Convert the embedded default model once (GGUF -> safetensors cache), so the first page load is fast.

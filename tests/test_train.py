@@ -80,6 +80,8 @@ def test_prepare_and_train_end_to_end(target, tmp_path: Path) -> None:
     assert 0 <= second["heldout"]["top1"] <= 1
     steps_logged = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert max(steps_logged) == 3
+    stopped = train_head(target, feats_dir, out, steps=10, max_minutes=1e-9, **kw)  # time budget: one step
+    assert (stopped["start_step"], stopped["steps"], stopped["planned_steps"]) == (3, 4, 10)
 
     head = load_head(tmp_path / "final", target)
     assert int(head.token_counts.sum()) == stats.train_masked_tokens

@@ -7,7 +7,7 @@ from eagle.target import Target
 
 
 class ByteTokenizer:
-    """Enough of a tokenizer for the decoder: ids print as '<i>', id 0 is EOS."""
+    """Enough of a tokenizer for the decoder: ids print as '<i>'; eos_token_id None means no EOS."""
     eos_token_id = 0
     chat_template = None
 
@@ -15,11 +15,11 @@ class ByteTokenizer:
         return "".join(f"<{i}>" for i in ids)
 
 
-def tiny_target(vocab: int = 12, seed: int = 0, eos: int = 0) -> Target:
+def tiny_target(vocab: int = 12, seed: int = 0, eos: int | None = 0) -> Target:
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=True,
+                         eos_token_id=eos, pad_token_id=None, tie_word_embeddings=True,
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval().requires_grad_(False)
     tok = ByteTokenizer()
@@ -27,6 +27,6 @@ def tiny_target(vocab: int = 12, seed: int = 0, eos: int = 0) -> Target:
     return Target(model=model, tokenizer=tok, name="tiny-llama")
 
 
-def tiny_pair(vocab: int = 12, seed: int = 0, eos: int = 0):
+def tiny_pair(vocab: int = 12, seed: int = 0, eos: int | None = 0):
     target = tiny_target(vocab, seed, eos)
     return target, new_head(target, seed=seed + 1)

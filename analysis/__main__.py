@@ -1,0 +1,56 @@
+"""`python -m analysis figures --traces DIR_OR_FILE --out DIR`: every paper figure (PNG + SVG by
+default) and table (CSV + Markdown) from recorded traces."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .export import load_traces, write_figures, write_tables
+from .report import build_figures, build_tables
+from .tables import nodes_frame, steps_frame
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    fig = sub.add_parser("figures", help="write every figure and table for a set of traces")
+    fig.add_argument("--traces", required=True, type=Path, help="a .jsonl trace file or a directory of them")
+    fig.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
+    fig.add_argument("--bins", type=int, default=10, help="calibration bins (default 10)")
+    fig.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
+    fig.add_argument("--scale", type=float, default=1.0, help="raster scale factor (1 = 1200 px wide)")
+    return parser
+
+
+def figures_command(args: argparse.Namespace) -> int:
+    traces, messages = load_traces(args.traces)
+    for message in messages:
+        print(f"warning: {message}", file=sys.stderr)
+    if not traces:
+        print(f"error: no readable trace in {args.traces}", file=sys.stderr)
+        return 1
+    nodes, steps = nodes_frame(traces), steps_frame(traces)
+    tables = build_tables(nodes, steps, args.bins)
+    written = write_tables(tables, args.out)
+    written += write_tables({"nodes": nodes, "steps": steps}, args.out, markdown=False)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    result = write_figures(build_figures(traces, nodes, steps, args.bins), args.out, formats, args.scale)
+    for message in result.messages:
+        print(f"warning: {message}", file=sys.stderr)
+    print(f"{len(traces)} trace(s), {len(steps)} steps, {len(nodes)} drafted nodes -> "
+          f"{len(written) + len(result.written)} files in {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return figures_command(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

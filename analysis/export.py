@@ -1,0 +1,150 @@
+"""Loading trace directories and writing figures (PNG/SVG/PDF through kaleido + a local Chromium, or
+HTML when no browser is installed) and tables (CSV + Markdown) to disk."""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from eagle.trace import Trace, TraceFormatError, read_trace
+
+# Kaleido 1.x drives a Chrome-family browser; these are the names Debian/Ubuntu/Chrome install.
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+STATIC_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
+INSTALL_HINT = ("static export needs a Chrome/Chromium for kaleido: `apt-get install -y chromium` "
+                "(or set BROWSER_PATH to a Chrome binary)")
+
+
+@dataclass
+class ExportResult:
+    written: list[Path] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+
+def load_traces(path: str | Path) -> tuple[list[Trace], list[str]]:
+    """Every trace in a .jsonl file, or in every *.jsonl of a directory (sorted, not recursive), and
+    one message per file that had skipped lines or could not be read at all."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no trace file or directory at {path}")
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    traces: list[Trace] = []
+    messages: list[str] = []
+    for file in files:
+        try:
+            found, report = read_trace(file)
+        except (TraceFormatError, OSError, UnicodeError) as err:
+            messages.append(f"{file}: skipped, not a readable trace ({err})")
+            continue
+        traces += found
+        if report.skipped_lines:
+            messages.append(f"{file}: skipped {report.skipped_lines} bad line(s); first: {report.errors[0]}")
+    return traces, messages
+
+
+def find_browser() -> str | None:
+    """BROWSER_PATH when it names a file, else the first Chrome-family browser on PATH."""
+    env = os.environ.get("BROWSER_PATH")
+    if env and Path(env).is_file():
+        return env
+    return next((p for p in map(shutil.which, BROWSER_NAMES) if p), None)
+
+
+def _size(fig: go.Figure) -> tuple[int, int]:
+    return int(fig.layout.width or 1200), int(fig.layout.height or 700)
+
+
+def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[str, ...] = ("png", "svg"),
+                  scale: float = 1.0) -> ExportResult:
+    """Write each figure as NAME.FORMAT at its layout's size (times `scale` for raster formats). Without
+    a browser, or if the browser fails, write NAME.html instead and say why."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    bad = [f for f in formats if f not in STATIC_FORMATS]
+    if bad:
+        raise ValueError(f"unsupported figure format(s) {bad}; choose from {', '.join(STATIC_FORMATS)}")
+    browser = find_browser()
+    if browser is None:
+        return _write_html(figs, out, f"no browser found: {INSTALL_HINT}; wrote HTML instead")
+    jobs = [{"fig": fig, "path": out / f"{name}.{fmt}",
+             "opts": {"format": fmt, "width": _size(fig)[0], "height": _size(fig)[1],
+                      "scale": scale if fmt in ("png", "jpeg", "webp") else 1}}
+            for name, fig in figs.items() for fmt in formats]
+    for job in jobs:  # a stale file from an earlier run must not pass for a fresh one
+        job["path"].unlink(missing_ok=True)
+    errors = _kaleido_write(jobs, browser)
+    result = ExportResult(written=[j["path"] for j in jobs if _nonempty(j["path"])])
+    failed = {name: fig for name, fig in figs.items()
+              if not all(_nonempty(out / f"{name}.{fmt}") for fmt in formats)}
+    if failed:
+        why = "; ".join(errors)[:300] or "no output"
+        fallback = _write_html(failed, out, f"static export of {', '.join(failed)} failed with {browser} "
+                                            f"({why}); wrote HTML for those instead")
+        result.written += fallback.written
+        result.messages += fallback.messages
+    return result
+
+
+def _kaleido_write(jobs: list[dict], browser: str) -> list[str]:
+    """Render every job with one browser launch. MathJax is off: its default comes from a CDN, and
+    this must work offline."""
+    import kaleido  # deferred: importing kaleido is slow and only export needs it
+    from choreographer.errors import ChromeNotFoundError
+
+    try:
+        errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": browser, "mathjax": False})
+    except (ChromeNotFoundError, OSError, RuntimeError, TimeoutError, ValueError) as err:
+        return [f"{type(err).__name__}: {err}"]
+    return [f"{type(e).__name__}: {e}" for e in (errors or ())]
+
+
+def _nonempty(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _write_html(figs: dict[str, go.Figure], out: Path, message: str) -> ExportResult:
+    """Interactive fallback; plotly.js is written once next to the pages so they open offline."""
+    written = []
+    for name, fig in figs.items():
+        path = out / f"{name}.html"
+        fig.write_html(path, include_plotlyjs="directory", full_html=True)
+        written.append(path)
+    return ExportResult(written=written, messages=[message])
+
+
+# ---- tables ---------------------------------------------------------------------------------------
+def _cell(value: object, floatfmt: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else format(value, floatfmt)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    """A GitHub-flavoured Markdown table (pandas' own needs `tabulate`, which is not installed)."""
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(frame[c]) else "---"
+                          for c in frame.columns) + "|"
+    rows = ["| " + " | ".join(_cell(v, floatfmt) for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out: str | Path, markdown: bool = True) -> list[Path]:
+    """NAME.csv for every table, and NAME.md next to it when `markdown`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in tables.items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+        written.append(out / f"{name}.csv")
+        if markdown:
+            (out / f"{name}.md").write_text(to_markdown(frame), encoding="utf-8")
+            written.append(out / f"{name}.md")
+    return written

@@ -1,0 +1,28 @@
+"""EAGLE-2 Explorer: `streamlit run app/main.py`. The router; every page lives in app/pages/."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+# `streamlit run` puts app/ on sys.path, not the repo root that holds eagle/ and analysis/.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PAGES = Path(__file__).resolve().parent / "pages"
+
+
+def main() -> None:
+    st.set_page_config(page_title="EAGLE-2 Explorer", page_icon=":material/account_tree:", layout="wide")
+    nav = st.navigation([
+        st.Page(PAGES / "live.py", title="Live explorer", icon=":material/bolt:", default=True),
+        st.Page(PAGES / "calibration.py", title="Calibration", icon=":material/insights:"),
+        st.Page(PAGES / "acceptance.py", title="Acceptance by position", icon=":material/grid_on:"),
+        st.Page(PAGES / "compare.py", title="Static vs dynamic", icon=":material/compare:"),
+    ])
+    nav.run()
+
+
+main()

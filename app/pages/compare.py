@@ -1,0 +1,92 @@
+"""Static vs dynamic: one prompt decoded with EAGLE-1's fixed tree and EAGLE-2's dynamic tree."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from analysis.figures import accept_length_figure, tree_figure
+from analysis.tables import mode_summary, steps_frame
+from app import exports, render, runner, state
+from app.settings import settings_form
+from eagle.config import DecodeConfig
+from eagle.decode import PromptError
+from eagle.trace import Trace
+
+MODES = ("static", "dynamic")
+RESULTS, RUN_ID = "cmp_results", "cmp_run_id"  # {"static": Trace, "dynamic": Trace}; run counter
+
+
+def run_both(models: state.Models, prompt: str, cfg: DecodeConfig, cols: list) -> None:
+    results: dict[str, Trace] = {}
+    st.session_state[RESULTS] = results  # filled as we go, so an interrupted run still shows its part
+    st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1  # fresh sliders for fresh traces
+    for mode, col in zip(MODES, cols):
+        try:
+            decoder, ids, trace = runner.prepare(models, prompt, replace(cfg, mode=mode))
+        except (PromptError, ValueError) as err:
+            st.error(str(err))
+            return
+        results[mode] = trace
+        slot = col.empty()
+
+        def on_step(tr: Trace, slot=slot, mode=mode) -> bool:
+            slot.caption(f"{mode}: round {len(tr.steps) - 1}, {len(runner.generation(tr).tokens)} tokens…")
+            return False
+
+        runner.run(models, decoder, ids, trace, on_step,
+                   on_wait=lambda slot=slot: slot.info("Waiting for another session's generation…"))
+        slot.empty()
+        state.add_trace(trace)
+
+
+def show_column(mode: str, trace: Trace, pruned: bool) -> None:
+    st.subheader(f"{mode} ({'EAGLE-1 fixed tree' if mode == 'static' else 'EAGLE-2 dynamic tree'})")
+    if not runner.is_complete(trace):
+        st.caption("Interrupted before the end: showing the rounds that finished.")
+    render.show_metrics(trace)
+    render.show_tokens(trace)
+    step = render.pick_step(trace, key=f"cmp_step_{mode}_{st.session_state.get(RUN_ID, 0)}")
+    fig = tree_figure(step, show_pruned=pruned)
+    render.show_figure(render.compact(render.fit_tree(fig)), key=f"cmp_tree_{mode}")
+    exports.figure_download(fig, key=f"cmp_tree_dl_{mode}", stem=f"{mode}_tree_round_{step.step}")
+
+
+def show_results(results: dict[str, Trace]) -> None:
+    pruned = st.toggle("Show reranked-away nodes (faded)", value=False, key="cmp_pruned",
+                       help="Off by default here: two full trees side by side get crowded")
+    for mode, col in zip(MODES, st.columns(2)):
+        if mode in results and results[mode].steps:
+            with col:
+                show_column(mode, results[mode], pruned)
+    traces = [t for t in results.values() if t.steps]
+    steps = steps_frame(traces)
+    st.subheader("Side by side")
+    st.dataframe(mode_summary(steps), hide_index=True, key="cmp_summary")
+    hist = accept_length_figure(steps)
+    render.show_figure(hist, key="cmp_hist")
+    exports.figure_download(hist, key="cmp_hist_dl", stem="accept_length")
+    exports.trace_downloads(traces, key="cmp_traces", stem="static_vs_dynamic")
+
+
+def main() -> None:
+    st.title("Static vs dynamic")
+    models = state.get_models()
+    state.show_head_badge(models)
+    cfg, error = settings_form("cmp", modes=False)
+    prompt = st.text_input("Prompt", key="cmp_prompt", placeholder="Write a haiku about draft trees.")
+    clicked = st.button("Run both modes", key="cmp_run", type="primary")
+    if error:
+        st.error(error)
+        return
+    if clicked:
+        if not prompt.strip():
+            st.error("The prompt is empty: type something to generate from.")
+            return
+        run_both(models, prompt, cfg, st.columns(2))
+    results = st.session_state.get(RESULTS)
+    if results:
+        show_results(results)
+
+
+main()

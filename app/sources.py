@@ -1,0 +1,93 @@
+"""Where the analysis pages get traces: this session, a path typed in, or an uploaded JSONL file.
+Corrupt lines are skipped by eagle.trace.read_trace; the page says how many, and never crashes."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import streamlit as st
+
+from eagle.trace import Trace, TraceFormatError, read_trace
+
+from . import state
+
+SOURCES = ("This session's traces", "A trace file or directory", "Upload JSONL")
+
+
+@dataclass
+class Loaded:
+    traces: list[Trace] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # file -> lines skipped
+    errors: list[str] = field(default_factory=list)  # one sentence per problem
+
+
+def read_files(paths: list[Path], names: list[str] | None = None) -> Loaded:
+    """Read every file, collecting traces, skipped-line counts and one-sentence errors."""
+    out = Loaded()
+    for path, name in zip(paths, names or [str(p) for p in paths]):
+        try:
+            traces, report = read_trace(path)
+        except TraceFormatError as err:
+            out.errors.append(f"{name} is not a readable trace: {err}")
+            continue
+        except OSError as err:
+            out.errors.append(f"Could not read {name}: {err.strerror or err}.")
+            continue
+        out.traces += traces
+        if report.skipped_lines:
+            out.skipped[name] = report.skipped_lines
+    return out
+
+
+def from_path(text: str) -> Loaded:
+    path = Path(text).expanduser()
+    if path.is_dir():
+        files = sorted(path.rglob("*.jsonl"))
+        if not files:
+            return Loaded(errors=[f"{path} holds no .jsonl trace files."])
+        return read_files(files)
+    if path.is_file():
+        return read_files([path])
+    return Loaded(errors=[f"{path} does not exist."])
+
+
+def from_uploads(uploads: list) -> Loaded:
+    """read_trace wants a path: spill each upload to a temporary file first."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, up in enumerate(uploads):
+            p = Path(tmp) / f"{i}.jsonl"
+            p.write_bytes(up.getvalue())
+            paths.append(p)
+        return read_files(paths, [up.name for up in uploads])
+
+
+def pick_traces(prefix: str) -> list[Trace]:
+    """The source widgets; reports skipped lines and errors, returns whatever could be read."""
+    source = st.radio("Traces", SOURCES, horizontal=True, key=f"{prefix}_source")
+    if source == SOURCES[0]:
+        loaded = Loaded(traces=list(state.session_traces()))
+        if not loaded.traces:
+            st.info("No traces yet in this session: generate some on the Live explorer or Static vs "
+                    "dynamic page, or load a file.")
+    elif source == SOURCES[1]:
+        text = st.text_input("Path to a .jsonl trace file or a directory of them", key=f"{prefix}_path")
+        loaded = from_path(text) if text.strip() else Loaded()
+    else:
+        ups = st.file_uploader("Trace files (JSONL)", type=["jsonl", "json", "txt"],
+                               accept_multiple_files=True, key=f"{prefix}_upload")
+        loaded = from_uploads(ups) if ups else Loaded()
+    report(loaded)
+    return loaded.traces
+
+
+def report(loaded: Loaded) -> None:
+    for err in loaded.errors:
+        st.error(err)
+    if loaded.skipped:
+        total = sum(loaded.skipped.values())
+        detail = ", ".join(f"{name}: {n}" for name, n in loaded.skipped.items())
+        st.warning(f"Skipped {total} corrupt line(s) while reading ({detail}).")
+    if loaded.traces:
+        st.caption(f"{len(loaded.traces)} trace(s), {sum(len(t.steps) for t in loaded.traces)} rounds.")

@@ -1,0 +1,297 @@
+"""analysis/: tables with known answers on synthetic traces, figures, the CLI end to end, and a fuzz
+that the tables never crash on random valid traces. No model runs here."""
+from __future__ import annotations
+
+import math
+import random
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis import figures as F
+from analysis import tables as T
+from analysis.__main__ import main
+from analysis.export import find_browser, load_traces, to_markdown
+from analysis.report import build_figures, build_tables
+from eagle.trace import NodeRecord, StepRecord, Trace, TraceHeader, write_trace
+
+
+# ---- synthetic traces -----------------------------------------------------------------------------
+def node(id: int, parent: int, depth: int, conf: float, rank: int = 0, kept: bool = True,
+         accepted: bool = False, value: float | None = None) -> NodeRecord:
+    return NodeRecord(id, parent, depth, 100 + id, f"t{id}", conf, conf if value is None else value,
+                      rank, kept, accepted, 0.5 if kept else None)
+
+
+def root() -> NodeRecord:
+    return NodeRecord(0, -1, 0, 1, " the", 1.0, 1.0, 0, True, True, None)
+
+
+def step(i: int, nodes: list[NodeRecord], mode: str = "dynamic", new: int | None = None) -> StepRecord:
+    accepted = [n.id for n in nodes if n.accepted]
+    n_new = len(accepted) if new is None else new
+    return StepRecord(i, mode, nodes, accepted, 7, "\n", list(range(n_new)), "x" * n_new, len(accepted),
+                      {"draft": 0.1, "verify": 0.2, "commit": 0.05}, 1, None)
+
+
+def prefill(mode: str = "dynamic") -> StepRecord:
+    return StepRecord(0, mode, [], [], 5, "A", [5], "A", 1, {"prefill": 0.5}, 1, None)
+
+
+def trace(steps: list[StepRecord], mode: str = "dynamic", qid: int = 81) -> Trace:
+    header = TraceHeader("model", "head", {"mode": mode, "total_tokens": 16, "depth": 4, "top_k": 4},
+                         "prompt", 10, {"question_id": qid})
+    return Trace(header, [prefill(mode), *steps])
+
+
+def one_child_steps(conf: float, n: int, hits: int, mode: str = "dynamic") -> list[StepRecord]:
+    """n rounds, each a root with one child of confidence conf; the first `hits` are accepted."""
+    return [step(i + 1, [root(), node(1, 0, 1, conf, accepted=i < hits)], mode) for i in range(n)]
+
+
+# ---- tables: known answers ------------------------------------------------------------------------
+def test_nodes_frame_leaves_out_root_and_marks_parent_acceptance() -> None:
+    s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1),
+                 node(3, 1, 2, 0.5, rank=0), node(4, 2, 2, 0.9, rank=0), node(5, 4, 3, 0.9, kept=False)])
+    frame = T.nodes_frame([trace([s])]).set_index("id")
+    assert list(frame.index) == [1, 2, 3, 4, 5]
+    assert frame["parent_accepted"].to_dict() == {1: True, 2: True, 3: True, 4: False, 5: False}
+    assert frame["position"].to_dict() == {1: "0", 2: "1", 3: "0-0", 4: "1-0", 5: "1-0-0"}
+    assert set(frame["prompt_id"]) == {81} and math.isnan(frame.loc[5, "target_prob"])
+
+
+def test_perfectly_calibrated_confidence_has_zero_ece() -> None:
+    # Bin [0.2, 0.3): 4 siblings at 0.25, one accepted per round -> rate 0.25 exactly.
+    quarter = [step(i + 1, [root(), *[node(j + 1, 0, 1, 0.25, rank=j, accepted=j == 0) for j in range(4)]])
+               for i in range(3)]
+    # Bin [0.7, 0.8): one child at 0.75, accepted in 3 rounds of 4. The rejected child's own child
+    # (0.95, not accepted) had no chance: it must not count for confidence, only for value.
+    threes = [step(i + 10, [root(), node(1, 0, 1, 0.75, accepted=True)]) for i in range(3)]
+    threes.append(step(13, [root(), node(1, 0, 1, 0.75), node(2, 1, 2, 0.95, value=0.7125)]))
+    nodes = T.nodes_frame([trace(quarter + threes)])
+    table = T.calibration_table(nodes, "confidence", bins=10)
+    assert table[["bin", "count", "accepted"]].values.tolist() == [[2, 12, 3], [7, 4, 3]]
+    assert table[["lo", "hi"]].to_numpy().ravel().tolist() == pytest.approx([0.2, 0.3, 0.7, 0.8])
+    assert T.expected_calibration_error(nodes, "confidence") == pytest.approx(0.0)
+    value = T.calibration_table(nodes, "value", bins=10)
+    assert value[["bin", "count", "accepted"]].values.tolist() == [[2, 12, 3], [7, 5, 3]]
+
+
+def test_ece_exact_for_calibrated_and_miscalibrated_sets() -> None:
+    calibrated = one_child_steps(0.25, 8, 2) + one_child_steps(0.75, 8, 6)
+    assert T.expected_calibration_error(T.nodes_frame([trace(calibrated)])) == pytest.approx(0.0)
+    wrong = one_child_steps(0.9, 10, 5) + one_child_steps(0.15, 10, 0)
+    nodes = T.nodes_frame([trace(wrong)])
+    assert T.expected_calibration_error(nodes) == pytest.approx((10 * 0.4 + 10 * 0.15) / 20)
+    table = T.calibration_table(nodes, bins=10)
+    assert table[["bin", "mean_pred", "rate", "count"]].to_numpy().ravel().tolist() == pytest.approx(
+        [1, 0.15, 0.0, 10, 9, 0.9, 0.5, 10])
+
+
+def test_value_calibration_counts_every_verified_node() -> None:
+    s = step(1, [root(), node(1, 0, 1, 0.5, kept=True), node(2, 1, 2, 0.5, value=0.25),
+                 node(3, 1, 2, 0.4, rank=1, kept=False, value=0.2)])
+    nodes = T.nodes_frame([trace([s])])
+    assert T.calibration_table(nodes, "confidence", bins=10)["count"].sum() == 1  # only the child of root
+    table = T.calibration_table(nodes, "value", bins=10)
+    assert table["count"].sum() == 2 and table["rate"].max() == 0.0  # the pruned node is out
+    with pytest.raises(ValueError):
+        T.calibration_table(nodes, "bogus")
+
+
+def test_per_depth_calibration_and_value_one_lands_in_last_bin() -> None:
+    s = step(1, [root(), node(1, 0, 1, 1.0, accepted=True), node(2, 1, 2, 0.05)])
+    table = T.calibration_table(T.nodes_frame([trace([s])]), bins=10, per_depth=True)
+    assert table[["depth", "bin", "count", "accepted"]].values.tolist() == [[1, 9, 1, 1], [2, 0, 1, 0]]
+
+
+def test_depth_rank_table_is_conditional_on_parent() -> None:
+    rounds = [step(i + 1, [root(), node(1, 0, 1, 0.6, accepted=i % 2 == 0), node(2, 0, 1, 0.3, rank=1,
+                                                                                 accepted=i % 2 == 1),
+                           node(3, 1, 2, 0.5, accepted=i == 0)]) for i in range(4)]
+    table = T.depth_rank_table(T.nodes_frame([trace(rounds)])).set_index(["depth", "rank"])
+    assert table.loc[(1, 0), ["count", "accepted"]].tolist() == [4, 2]
+    assert table.loc[(1, 1), "rate"] == 0.5
+    assert table.loc[(2, 0), ["count", "accepted"]].tolist() == [2, 1]  # only rounds 0 and 2 qualify
+
+
+def test_static_positions_mean_and_spread_across_prompts() -> None:
+    def static(hits: list[bool]) -> list[StepRecord]:
+        return [step(i + 1, [root(), node(1, 0, 1, 0.7, accepted=h), node(2, 0, 1, 0.2, rank=1),
+                             node(3, 1, 2, 0.5, accepted=False)], mode="static") for i, h in enumerate(hits)]
+    traces = [trace(static([True, True]), "static", 1), trace(static([True, False]), "static", 2),
+              trace(one_child_steps(0.5, 3, 3), "dynamic", 3)]
+    table = T.static_position_table(T.nodes_frame(traces)).set_index("position")
+    assert list(table.index) == ["0", "1", "0-0"]
+    assert table.loc["0", ["mean", "std", "q25", "q75", "traces", "count"]].tolist() == pytest.approx(
+        [0.75, math.sqrt(0.125), 0.625, 0.875, 2, 4])
+    assert table.loc["0-0", ["mean", "count", "depth"]].tolist() == [0.0, 3, 2]
+
+
+def test_steps_frame_shape_and_compare_modes() -> None:
+    s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1),
+                 node(3, 1, 2, 0.5, accepted=True), node(4, 1, 2, 0.1, rank=1),
+                 node(5, 2, 2, 0.1, kept=False)], new=3)
+    van = [StepRecord(i + 1, "vanilla", [root()], [0], 3, "a", [3], "a", 1, {"verify": 0.2}, 1, None)
+           for i in range(4)]
+    steps = T.steps_frame([trace([s]), trace(van, "vanilla")])
+    row = steps[(steps["mode"] == "dynamic") & (steps["step"] == 1)].iloc[0]
+    assert (row.drafted, row.tree_size, row.max_depth, row.width, row.leaves, row.accepted_drafts) == \
+        (5, 4, 2, 2, 3, 2)
+    modes = T.compare_modes([trace([s]), trace(van, "vanilla")]).set_index("mode")
+    assert list(modes.index) == ["vanilla", "dynamic"]
+    assert modes.loc["dynamic", "tau"] == pytest.approx(4 / 2)  # prefill 1 + round 3 tokens, 2 forwards
+    assert modes.loc["vanilla", "tau"] == pytest.approx(1.0)
+    assert modes.loc["dynamic", "tokens_per_s"] == pytest.approx(4 / 0.85)
+    assert modes.loc["vanilla", "speedup"] == pytest.approx(1.0)
+    assert modes.loc["dynamic", "mean_accept_length"] == 3
+
+
+def test_accept_length_distribution_excludes_prefill() -> None:
+    table = T.accept_length_table(T.steps_frame([trace(one_child_steps(0.5, 4, 1))]))
+    assert table[["accept_length", "count", "fraction"]].values.tolist() == [[1, 3, 0.75], [2, 1, 0.25]]
+
+
+def test_empty_inputs_give_empty_tables() -> None:
+    nodes, steps = T.nodes_frame([]), T.steps_frame([])
+    assert nodes.empty and steps.empty and list(nodes.columns) == T.NODE_COLUMNS
+    assert math.isnan(T.expected_calibration_error(nodes))
+    for table in build_tables(nodes, steps).values():
+        assert isinstance(table, pd.DataFrame)
+
+
+# ---- figures --------------------------------------------------------------------------------------
+def test_tree_layout_is_tidy() -> None:
+    nodes = [root(), node(1, 0, 1, 0.5), node(2, 0, 1, 0.4, rank=1), node(3, 1, 2, 0.5),
+             node(4, 1, 2, 0.3, rank=1)]
+    pos = F.tree_layout(nodes)
+    assert pos[3] == (2, 0.0) and pos[4] == (2, 1.0) and pos[2] == (1, 2.0)
+    assert pos[1] == (1, 0.5) and pos[0] == (0, 1.25)
+
+
+def test_tree_figure_marks_bonus_path_and_pruned() -> None:
+    s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1, kept=False)])
+    fig = F.tree_figure(s)
+    names = [t.name for t in fig.data]
+    assert "bonus (target's token)" in names and "accepted path" in names
+    path = next(t for t in fig.data if t.name == "accepted path")
+    assert len([x for x in path.x if x is not None]) == 4  # root->1 and 1->bonus
+    nodes = next(t for t in fig.data if t.name == "draft node")
+    assert list(nodes.marker.opacity) == [1.0, 1.0, 0.25]
+    assert len(F.tree_figure(s, show_pruned=False).data[2].x) == 2
+    assert isinstance(F.tree_figure(prefill()), go.Figure)  # no tree: just the token
+
+
+def test_token_label_is_visible_and_html_safe() -> None:
+    assert F.token_label(" <b>\n") == "␣&lt;b&gt;↵"
+    assert F.token_label("x" * 30, limit=5) == "xxxx…"
+    assert F.token_label("\x1c") == "\\x1c"  # control characters are invalid in SVG
+
+
+def test_figures_build_on_synthetic_traces() -> None:
+    traces = [trace(one_child_steps(0.7, 5, 3)), trace(one_child_steps(0.4, 3, 1, "static"), "static")]
+    nodes, steps = T.nodes_frame(traces), T.steps_frame(traces)
+    figs = build_figures(traces, nodes, steps)
+    assert {"reliability_confidence", "depth_rank_heatmap", "static_positions",
+            "tree_dynamic_best", "tree_static_typical"} <= set(figs)
+    assert "ECE = " in figs["reliability_confidence"].layout.title.text
+    assert all(f.layout.width == 1200 for f in figs.values())
+
+
+def test_markdown_table() -> None:
+    md = to_markdown(pd.DataFrame({"a": [1, 2], "b": [0.5, float("nan")], "c": ["x|y", None]}))
+    assert md.splitlines() == ["| a | b | c |", "|---:|---:|---|", "| 1 | 0.500 | x\\|y |", "| 2 |  |  |"]
+
+
+# ---- CLI end to end -------------------------------------------------------------------------------
+def test_cli_writes_figures_and_tables(tmp_path, capsys) -> None:
+    src = tmp_path / "traces"
+    src.mkdir()
+    write_trace(src / "dyn.jsonl", [trace(one_child_steps(0.7, 4, 3))])
+    write_trace(src / "static.jsonl", [trace(one_child_steps(0.4, 3, 1, "static"), "static", 2)])
+    with open(src / "dyn.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"kind": "step", "truncated\n')
+    (src / "notes.txt").write_text("ignored")
+    out = tmp_path / "out"
+    assert main(["figures", "--traces", str(src), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 bad line" in err
+    for name in ("compare_modes", "calibration_confidence", "static_positions", "depth_rank"):
+        assert (out / f"{name}.csv").stat().st_size > 0 and (out / f"{name}.md").stat().st_size > 0
+    assert len(pd.read_csv(out / "steps.csv")) == 9
+    if find_browser() is None:
+        assert (out / "reliability_confidence.html").stat().st_size > 0 and "no browser" in err
+        pytest.skip("no Chrome/Chromium installed (apt-get install chromium): checked the HTML fallback")
+    for name in ("reliability_confidence", "depth_rank_heatmap", "static_positions", "accept_length",
+                 "tree_dynamic_best"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+        assert (out / f"{name}.svg").read_text(encoding="utf-8").lstrip().startswith("<svg")
+
+
+def test_cli_reports_missing_input(tmp_path, capsys) -> None:
+    assert main(["figures", "--traces", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "no trace file" in capsys.readouterr().err
+    traces, messages = load_traces(tmp_path)
+    assert traces == [] and messages == []
+
+
+# ---- fuzz -----------------------------------------------------------------------------------------
+@st.composite
+def random_step(draw, index: int, mode: str) -> StepRecord:
+    """A valid round: parents precede children, ranks by sibling order, kept is ancestor-closed,
+    the accepted nodes form one path from the root through kept nodes."""
+    rnd = random.Random(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 30))
+    nodes = [root()]
+    for i in range(1, n):
+        parent = nodes[rnd.randrange(i)]
+        rank = sum(1 for m in nodes if m.parent == parent.id)
+        conf = rnd.random()
+        text = rnd.choice(["a", " ", "\x1c"])
+        nodes.append(NodeRecord(i, parent.id, parent.depth + 1, rnd.randrange(50), text, conf,
+                                parent.value * conf, rank, parent.kept and rnd.random() < 0.7, False))
+    current = nodes[0]
+    while kids := [m for m in nodes if m.parent == current.id and m.kept]:
+        if rnd.random() < 0.5:
+            break
+        current = rnd.choice(kids)
+        current.accepted = True
+    accepted = [m.id for m in nodes if m.accepted]
+    return StepRecord(index, mode, nodes, accepted, 1, "b", [1] * len(accepted), "b", len(accepted),
+                      {"draft": rnd.random(), "verify": rnd.random()}, 1, None)
+
+
+@st.composite
+def random_traces(draw) -> list[Trace]:
+    traces = []
+    for qid in range(draw(st.integers(0, 3))):
+        mode = draw(st.sampled_from(["vanilla", "static", "dynamic"]))
+        steps = [draw(random_step(i + 1, mode)) for i in range(draw(st.integers(0, 4)))]
+        traces.append(trace(steps, mode, qid))
+    return traces
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_traces(), st.integers(1, 12))
+def test_tables_never_crash_on_random_traces(traces: list[Trace], bins: int) -> None:
+    nodes, steps = T.nodes_frame(traces), T.steps_frame(traces)
+    tables = build_tables(nodes, steps, bins)
+    for name in ("calibration_confidence", "calibration_value"):
+        table = tables[name]
+        assert ((table["rate"] >= 0) & (table["rate"] <= 1)).all()
+        assert table["count"].sum() == len(T.calibration_sample(nodes, name.split("_")[1]))
+    assert T.compare_modes(traces)["new_tokens"].sum() == steps["new_tokens"].sum()
+    for t in traces:
+        for s in t.steps:
+            assert len(F.tree_layout(s.nodes)) == len(s.nodes)
+
+
+@settings(max_examples=5, deadline=None)
+@given(random_traces())
+def test_figures_never_crash_on_random_traces(traces: list[Trace]) -> None:
+    nodes, steps = T.nodes_frame(traces), T.steps_frame(traces)
+    for fig in build_figures(traces, nodes, steps).values():
+        assert isinstance(fig, go.Figure) and fig.layout.width == 1200

@@ -1,0 +1,222 @@
+"""The dashboard through Streamlit's AppTest, on the real default model at small sizes.
+
+One live generation (module fixture) feeds the analysis pages, so the file stays well under 90 s."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from eagle.trace import read_trace, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+APP, PAGES = ROOT / "app" / "main.py", ROOT / "app" / "pages"
+TIMEOUT = 180  # seconds per script run: a loaded 2-core CI box decodes slowly
+SMALL = dict(max_new_tokens=8, total_tokens=8, depth=2, top_k=3)
+
+
+def _page(name: str) -> AppTest:
+    return AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=TIMEOUT)
+
+
+def _set(at: AppTest, prefix: str, **values) -> None:
+    for name, value in values.items():
+        at.sidebar.number_input(key=f"{prefix}_{name}").set_value(value)
+
+
+def _type_prompt(at: AppTest, text: str) -> None:
+    """What the st_keyup component reports after typing (AppTest cannot drive the component itself)."""
+    if importlib.util.find_spec("st_keyup") is not None:
+        at.session_state["_st_keyup_live_prompt"] = {"value": text}
+    else:  # st_keyup missing: the page falls back to st.text_input
+        at.text_input(key="live_prompt").set_value(text)
+
+
+def _no_trouble(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture(scope="module")
+def live() -> AppTest:
+    """The router, a typed prompt, small settings: one real generation."""
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    _no_trouble(at)
+    assert "Type a prompt" in at.info[0].value
+    _set(at, "live", **SMALL)
+    _type_prompt(at, "Name three colours.")
+    at.run()
+    _no_trouble(at)
+    return at
+
+
+@pytest.fixture(scope="module")
+def traces(live):
+    return copy.deepcopy(live.session_state["traces"])
+
+
+def test_live_generates_and_scrubs(live):
+    metrics = {m.label: m.value for m in live.metric}
+    assert metrics["Tokens"] == "8"
+    assert float(metrics["τ"]) >= 1.0
+    trace = live.session_state["live_run"]
+    assert trace.header.meta["finished"] in ("max_new_tokens", "eos")
+    assert len(live.get("plotly_chart")) == 1 and len(live.dataframe) == 1
+    slider = live.slider[0]
+    assert slider.value == len(trace.steps) - 1
+    for step in (0, 1):  # the prefill (no draft) and the first drafted round
+        slider.set_value(step).run()
+        _no_trouble(live)
+    # Scrubbing reuses the trace: no new generation.
+    assert live.session_state["live_run"] is trace
+    assert "draft token(s) accepted" in live.get("plotly_chart")[0].proto.spec
+
+
+def test_live_mode_and_seed_settings_rerun(live):
+    before = live.session_state["live_run"]
+    live.sidebar.selectbox(key="live_mode").set_value("vanilla")
+    _set(live, "live", max_new_tokens=4)
+    live.run()
+    _no_trouble(live)
+    after = live.session_state["live_run"]
+    assert after is not before and after.header.config["mode"] == "vanilla"
+    assert {m.label: m.value for m in live.metric}["Tokens"] == "4"
+
+
+def test_invalid_setting_is_one_sentence(live):
+    _set(live, "live", total_tokens=0)
+    live.run()
+    assert not live.exception
+    assert [e.value for e in live.error] == ["Invalid setting: total_tokens must be in 1..1024, got 0."]
+
+
+def test_stop_keeps_the_partial_trace(traces):
+    """A Stop click interrupts the script; the next run marks the partial trace stopped, no rerun."""
+    full = traces[0]
+    partial = copy.deepcopy(full)
+    partial.steps, partial.header.meta["finished"] = partial.steps[:3], None
+    at = _page("live").run()
+    _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
+    _type_prompt(at, full.header.prompt)
+    at.session_state["live_run"] = partial
+    at.session_state["live_stop_requested"] = True
+    at.run()
+    _no_trouble(at)
+    assert at.session_state["live_run"] is partial
+    assert partial.header.meta["finished"] == "stopped" and len(partial.steps) == 3
+    assert any("Stopped by the user" in c.value for c in at.caption)
+
+
+def test_calibration_on_session_traces(traces):
+    at = _page("calibration")
+    at.session_state["traces"] = traces
+    at.run()
+    _no_trouble(at)
+    assert at.metric[0].label.startswith("ECE")
+    at.checkbox(key="cal_per_depth").check().run()
+    at.radio(key="cal_by").set_value("value").run()
+    _no_trouble(at)
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_calibration_reports_corrupt_lines(traces, tmp_path):
+    good = tmp_path / "good.jsonl"
+    write_trace(good, traces)
+    lines = good.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "mixed.jsonl").write_text("\n".join([lines[0], "{not json", *lines[1:], '{"kind": 3}']) + "\n")
+    (tmp_path / "junk.jsonl").write_text("garbage\n\x00\x01\n")
+    at = _page("calibration").run()
+    at.radio(key="cal_source").set_value("A trace file or directory").run()
+    at.text_input(key="cal_path").set_value(str(tmp_path / "mixed.jsonl")).run()
+    assert not at.exception and not at.error
+    assert "Skipped 2 corrupt line(s)" in at.warning[0].value
+    at.text_input(key="cal_path").set_value(str(tmp_path)).run()  # a directory, with a junk file
+    assert not at.exception
+    assert any("junk.jsonl is not a readable trace" in e.value for e in at.error)
+    assert at.metric, "the readable files are still analysed"
+    at.text_input(key="cal_path").set_value(str(tmp_path / "missing.jsonl")).run()
+    assert not at.exception and "does not exist" in at.error[0].value
+
+
+def test_acceptance_page(traces):
+    at = _page("acceptance")
+    at.session_state["traces"] = traces
+    at.run()
+    _no_trouble(at)
+    assert len(at.get("plotly_chart")) == 2
+    at.selectbox(key="acc_mode").set_value("dynamic").run()
+    _no_trouble(at)
+
+
+def test_analysis_pages_without_traces():
+    for name in ("calibration", "acceptance"):
+        at = _page(name).run()
+        _no_trouble(at)
+        assert "No traces yet" in at.info[0].value
+
+
+def test_compare_runs_both_modes():
+    at = _page("compare").run()
+    _set(at, "cmp", **{**SMALL, "max_new_tokens": 6})
+    at.text_input(key="cmp_prompt").set_value("Say hello.")
+    at.button(key="cmp_run").click().run()
+    _no_trouble(at)
+    results = at.session_state["cmp_results"]
+    assert set(results) == {"static", "dynamic"}
+    assert all(t.header.meta["finished"] for t in results.values())
+    assert len(at.get("plotly_chart")) == 3  # two trees and the accepted-length histogram
+    at.slider(key=f"cmp_step_static_{at.session_state['cmp_run_id']}").set_value(1).run()
+    _no_trouble(at)
+
+
+def test_compare_empty_prompt_is_an_error():
+    at = _page("compare").run()
+    at.button(key="cmp_run").click().run()
+    assert not at.exception
+    assert at.error[0].value == "The prompt is empty: type something to generate from."
+
+
+def test_runner_stop_and_lock(traces):
+    """on_step returning True stops cleanly; a held lock makes the run wait (calling on_wait)."""
+    from app import runner, state
+    from eagle.config import DecodeConfig
+    from eagle.target import DEFAULT_MODEL
+    models = state._load_models(DEFAULT_MODEL, "auto")  # the AppTests' cached pair
+    decoder, ids, trace = runner.prepare(models, "Count to ten.", DecodeConfig(**SMALL))
+    waits = []
+    models.lock.acquire()
+    threading.Timer(0.6, models.lock.release).start()
+    runner.run(models, decoder, ids, trace, on_step=lambda tr: len(tr.steps) >= 2,
+               on_wait=lambda: waits.append(time.monotonic()))
+    assert waits and trace.header.meta["finished"] == "stopped" and len(trace.steps) == 2
+    assert models.lock.acquire(blocking=False)
+    models.lock.release()
+
+
+def test_exports_round_trip(traces, tmp_path):
+    from app import exports
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(exports.traces_jsonl(traces))
+    back, report = read_trace(path)
+    assert report.skipped_lines == 0 and len(back) == len(traces)
+    frame = pd.read_parquet(io.BytesIO(exports.nodes_parquet(traces)))
+    assert len(frame) > 0 and {"depth", "rank", "confidence", "accepted"} <= set(frame.columns)
+    failing = exports._deferred(lambda: (_ for _ in ()).throw(RuntimeError("no browser")))
+    assert failing() == b"Export failed: no browser\n"
+
+
+def test_token_html_escapes_text(traces):
+    from app.render import token_html
+    step = copy.deepcopy(traces[0].steps[1])
+    step.new_text = '<script>alert("x")</script> & more'
+    out = token_html([step])
+    assert "<script>" not in out and "&lt;script&gt;" in out and "&amp; more" in out
+    json.dumps(out)  # plain text, no objects leaking in
