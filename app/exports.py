@@ -2,11 +2,7 @@
 HTML). Heavy conversions are deferred: Streamlit calls the data callable only on click."""
 from __future__ import annotations
 
-import functools
-import importlib.util
 import io
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -14,10 +10,9 @@ from typing import Callable
 import plotly.graph_objects as go
 import streamlit as st
 
+from analysis.export import INSTALL_HINT, find_browser, write_figures
 from analysis.tables import nodes_frame
 from eagle.trace import Trace, write_trace
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 
 def traces_jsonl(traces: list[Trace]) -> bytes:
@@ -35,14 +30,14 @@ def nodes_parquet(traces: list[Trace]) -> bytes:
     return buf.getvalue()
 
 
-@functools.lru_cache(maxsize=1)
-def png_unavailable() -> str | None:
-    """Why PNG export cannot work here (None when it can): kaleido needs a Chrome/Chromium binary."""
-    if importlib.util.find_spec("kaleido") is None:
-        return "PNG export needs the kaleido package"
-    if not (os.environ.get("BROWSER_PATH") or any(shutil.which(b) for b in BROWSERS)):
-        return "PNG export needs Chrome or Chromium for kaleido (apt-get install chromium)"
-    return None
+def png_bytes(fig: go.Figure) -> bytes:
+    """The figure at its paper size (x2) through analysis.export, i.e. kaleido + a local Chromium."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = write_figures({"figure": fig}, tmp, ("png",), scale=2)
+        png = Path(tmp) / "figure.png"
+        if not png.is_file():
+            raise RuntimeError("; ".join(result.messages) or "no PNG was written")
+        return png.read_bytes()
 
 
 def _deferred(make: Callable[[], bytes]) -> Callable[[], bytes]:
@@ -67,11 +62,10 @@ def trace_downloads(traces: list[Trace], key: str, stem: str = "traces") -> None
 
 def figure_download(fig: go.Figure, key: str, stem: str) -> None:
     """PNG when possible, otherwise a self-contained HTML file, with the reason shown."""
-    reason = png_unavailable()
-    if reason is None:
-        st.download_button("Figure (PNG)", _deferred(lambda: fig.to_image(format="png", scale=2)),
+    if find_browser() is not None:
+        st.download_button("Figure (PNG)", _deferred(lambda: png_bytes(fig)),
                            f"{stem}.png", "image/png", key=f"{key}_png", on_click="ignore")
         return
     st.download_button("Figure (HTML)", _deferred(lambda: fig.to_html(include_plotlyjs=True).encode()),
                        f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore")
-    st.caption(f"{reason}; offering interactive HTML instead.")
+    st.caption(f"PNG unavailable: {INSTALL_HINT}. Offering interactive HTML instead.")

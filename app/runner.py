@@ -1,8 +1,9 @@
 """Generation for the pages: one round at a time, under the process-wide lock.
 
 The decoder and the model are shared by every session, so a whole generation holds models.lock.
-A Streamlit rerun (the user typed more, pressed Stop, moved a widget) interrupts the script at its
-next element update; the try/finally below then closes the step generator and frees the lock."""
+A Streamlit rerun (the user typed more, pressed Stop, moved a widget) stops the script thread at its
+next element update, while the new run starts at once on another thread: the try/finally below then
+closes the step generator and frees the lock, which the new run is polling for."""
 from __future__ import annotations
 
 import time
@@ -15,8 +16,10 @@ from eagle.trace import StepRecord, Trace, TraceHeader
 
 from .state import Models
 
+WAIT_MESSAGE = ("Waiting for the model: another generation is running (another tab's, or this tab's "
+                "previous one finishing its round)…")
 OnStep = Callable[[Trace], bool]  # called after every round; True stops the generation
-OnWait = Callable[[], None]  # called while another session holds the lock (keeps the page live)
+OnWait = Callable[[], None]  # called while another generation holds the lock (keeps the page live)
 
 
 def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[int]) -> Trace:
@@ -41,6 +44,8 @@ def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
     t0 = time.perf_counter()
     try:
         for record in steps:
+            if is_complete(trace):  # marked stopped by this session's next script run
+                break
             trace.steps.append(record)
             _stamp(trace, t0, record.finished)
             if on_step(trace):
@@ -59,7 +64,10 @@ def _acquire(models: Models, on_wait: OnWait) -> None:
 
 
 def _stamp(trace: Trace, t0: float, finished: str | None) -> None:
-    trace.header.meta.update(seconds=time.perf_counter() - t0, finished=finished)
+    # With fast reruns, an interrupted script thread finishes its round while the next run already
+    # marks the trace stopped: never turn a finished trace back into an unfinished one.
+    meta = trace.header.meta
+    meta.update(seconds=time.perf_counter() - t0, finished=meta.get("finished") or finished)
 
 
 def generation(trace: Trace) -> Generation:

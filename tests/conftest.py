@@ -40,3 +40,13 @@ def mt_prompts():
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def single_thread():
+    """Tiny-model tests run on one thread: with other work on a 2-core machine, OpenMP threads
+    spin-wait on each other and a tiny forward slows down fifty-fold."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -83,11 +83,12 @@ def test_live_generates_and_scrubs(live):
 def test_live_mode_and_seed_settings_rerun(live):
     before = live.session_state["live_run"]
     live.sidebar.selectbox(key="live_mode").set_value("vanilla")
-    _set(live, "live", max_new_tokens=4)
+    _set(live, "live", max_new_tokens=4, temperature=0.8, seed=3)  # the sampling path
     live.run()
     _no_trouble(live)
     after = live.session_state["live_run"]
     assert after is not before and after.header.config["mode"] == "vanilla"
+    assert after.header.config["temperature"] == 0.8 and after.header.config["seed"] == 3
     assert {m.label: m.value for m in live.metric}["Tokens"] == "4"
 
 
@@ -131,7 +132,8 @@ def test_calibration_reports_corrupt_lines(traces, tmp_path):
     good = tmp_path / "good.jsonl"
     write_trace(good, traces)
     lines = good.read_text(encoding="utf-8").splitlines()
-    (tmp_path / "mixed.jsonl").write_text("\n".join([lines[0], "{not json", *lines[1:], '{"kind": 3}']) + "\n")
+    mixed = [lines[0], "{not json", *lines[1:], '{"kind": 3}']  # two corrupt lines among good ones
+    (tmp_path / "mixed.jsonl").write_text("\n".join(mixed) + "\n")
     (tmp_path / "junk.jsonl").write_text("garbage\n\x00\x01\n")
     at = _page("calibration").run()
     at.radio(key="cal_source").set_value("A trace file or directory").run()
@@ -199,6 +201,12 @@ def test_runner_stop_and_lock(traces):
     assert waits and trace.header.meta["finished"] == "stopped" and len(trace.steps) == 2
     assert models.lock.acquire(blocking=False)
     models.lock.release()
+    # A trace already marked stopped (by the session's next run, while this thread finished its
+    # round) takes no more rounds and stays stopped.
+    decoder, ids, trace = runner.prepare(models, "Count to ten.", DecodeConfig(**SMALL))
+    trace.header.meta["finished"] = "stopped"
+    runner.run(models, decoder, ids, trace, on_step=lambda tr: False, on_wait=lambda: None)
+    assert trace.steps == [] and trace.header.meta["finished"] == "stopped"
 
 
 def test_exports_round_trip(traces, tmp_path):

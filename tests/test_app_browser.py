@@ -5,7 +5,6 @@ generation, and saves docs/screenshot.png. Nothing is downloaded: Selenium gets 
 path explicitly and runs offline."""
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -25,7 +24,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--window-size=1400,2200"]
 PROMPT = "Explain speculative decoding in one sentence."
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+webdriver = pytest.importorskip("selenium.webdriver",
+                                reason="selenium is not installed (pip install selenium)")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
     pytest.skip("Debian's chromium and chromium-driver are not installed "
                 "(apt-get install -y chromium chromium-driver)", allow_module_level=True)

@@ -110,7 +110,7 @@ def _exact_two_token_dist(target, prompt, temperature, top_p):
 
 @pytest.mark.parametrize("mode, temperature, top_p", [("dynamic", 0.7, 1.0), ("static", 1.0, 1.0),
                                                       ("dynamic", 1.3, 0.9)])
-def test_sampling_preserves_the_target_distribution(mode, temperature, top_p):
+def test_sampling_preserves_the_target_distribution(mode, temperature, top_p, single_thread):
     """Chi-square of the first two new tokens over many seeds against the exact p(x1) p(x2 | x1).
     The second token comes from a drafted round (accepted draft or bonus), so this checks the tree
     acceptance rule and the bonus token's temperature. The tiny target has no EOS."""
@@ -175,7 +175,7 @@ def test_bad_prompts_are_refused_clearly(target):
         encode_prompt(target.tokenizer, "word " * 9000, target.max_context)
 
 
-def test_long_generation_stops_at_the_context_limit():
+def test_long_generation_stops_at_the_context_limit(single_thread):
     target, head = tiny_pair(vocab=12, seed=1, eos=None)
     target.model.config.max_position_embeddings = 40
     for mode in ("vanilla", "dynamic", "static"):

@@ -41,7 +41,7 @@ def test_forward_features_are_post_norm_hidden_states(target):
     assert torch.allclose(target.lm_head(feats), logits, atol=1e-4)
 
 
-def test_cache_commit_equals_recomputing_the_accepted_prefix():
+def test_cache_commit_equals_recomputing_the_accepted_prefix(single_thread):
     tgt = tiny_target()
     prefix, tree_tokens = torch.tensor([[3, 5, 7]]), torch.tensor([[2, 4, 6, 8]])
     parents = [-1, 0, 0, 2]  # node 3 hangs under node 2; nodes 1 and 3 are on different branches
@@ -59,7 +59,7 @@ def test_cache_commit_equals_recomputing_the_accepted_prefix():
     assert torch.allclose(got[0, -1], ref[0, -1], atol=1e-5)
 
 
-def test_cache_overflow_is_a_clear_error():
+def test_cache_overflow_is_a_clear_error(single_thread):
     tgt = tiny_target()
     with pytest.raises(ValueError, match="KV cache overflow"):
         tgt.forward(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], tgt.new_cache(2), 0)

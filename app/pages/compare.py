@@ -35,7 +35,7 @@ def run_both(models: state.Models, prompt: str, cfg: DecodeConfig, cols: list) -
             return False
 
         runner.run(models, decoder, ids, trace, on_step,
-                   on_wait=lambda slot=slot: slot.info("Waiting for another session's generation…"))
+                   on_wait=lambda slot=slot: slot.info(runner.WAIT_MESSAGE))
         slot.empty()
         state.add_trace(trace)
 

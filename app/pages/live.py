@@ -73,7 +73,7 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig) -> Trace | No
         return bool(st.session_state.get(STOP))
 
     runner.run(models, decoder, ids, trace, on_step,
-               on_wait=lambda: live.info("Waiting for another session's generation to finish…"))
+               on_wait=lambda: live.info(runner.WAIT_MESSAGE))
     stop_slot.empty()
     live.empty()
     state.add_trace(trace)

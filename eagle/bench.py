@@ -1,0 +1,524 @@
+"""`python -m eagle bench`: every mode on a question set, interleaved prompt by prompt in one run.
+
+Modes: vanilla, static, dynamic (this repo's decoder) and hf, hf_pld (Hugging Face `generate`, plain
+and with prompt lookup). A decoder mode may carry its own budget, `dynamic:TOTAL/DEPTH/TOP_K[/VOCAB]`,
+so a sweep of budgets runs under the same machine load as its baselines.
+
+--out holds: traces/<mode>.jsonl (every trace; an hf trace is a header and one summary step),
+steps.parquet (one row per step) and summary.json. Each finished generation is appended (one
+write, fsynced) to its mode's trace file; a rerun with the same --out skips every (question, turn,
+mode) already there, so an interrupted bench loses no finished work.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .cli import add_decode_args, config_from_args, load_pair
+from .config import MODES, DecodeConfig
+from .decode import Decoder, encode_prompt, generate
+from .target import ModelLoadError, Target
+from .trace import StepRecord, Trace, TraceHeader, read_trace, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = {"mt_bench": ROOT / "data" / "mt_bench.jsonl"}
+HF_MODES = ("hf", "hf_pld")
+KINDS = (*MODES, *HF_MODES)
+PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf_pld (the transformers docs' usual value)
+WARMUP_TOKENS = 8
+BUDGET_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
+
+
+# ---- questions --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Question:
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+
+
+def _parse_question(line: str) -> Question:
+    obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    qid, turns = obj.get("question_id"), obj.get("turns")
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or qid == "":
+        raise ValueError("question_id must be an int or a non-empty string")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise ValueError("turns must be a non-empty list of non-empty strings")
+    category = obj.get("category", "uncategorized")
+    return Question(qid, category if isinstance(category, str) else str(category), tuple(turns))
+
+
+def load_questions(name_or_path: str | Path) -> tuple[list[Question], int]:
+    """Questions in MT-bench format; returns them and the number of bad (or duplicate) records."""
+    path = DATASETS.get(str(name_or_path), Path(name_or_path))
+    if not path.is_file():
+        raise FileNotFoundError(f"No dataset {name_or_path!r}: give {', '.join(DATASETS)} or a JSONL file "
+                                "with question_id, category and turns per line.")
+    questions, seen, bad = [], set(), 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                q = _parse_question(line)
+            except ValueError:  # json.JSONDecodeError is a ValueError too
+                bad += 1
+                continue
+            if q.question_id in seen:  # resume keys on the id, so a duplicate would be ambiguous
+                bad += 1
+                continue
+            seen.add(q.question_id)
+            questions.append(q)
+    return questions, bad
+
+
+# ---- modes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModeSpec:
+    label: str  # as given on the command line, e.g. "dynamic:16/4/4/8192"
+    kind: str  # one of KINDS
+    overrides: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_]+", "-", self.label).strip("-")
+
+
+def parse_modes(text: str) -> list[ModeSpec]:
+    specs = []
+    for label in (m.strip() for m in text.split(",") if m.strip()):
+        kind, _, budget = label.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"unknown mode {kind!r}: choose from {', '.join(KINDS)}")
+        overrides: tuple[tuple[str, int], ...] = ()
+        if budget:
+            parts = budget.split("/")
+            if kind not in ("static", "dynamic") or not 3 <= len(parts) <= 4 or not all(p.isdigit() for p in parts):
+                raise ValueError(f"mode {label!r}: a budget is static|dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB]")
+            overrides = tuple(zip(BUDGET_FIELDS, map(int, parts)))
+        specs.append(ModeSpec(label, kind, overrides))
+    if not specs or len({s.label for s in specs}) != len(specs):
+        raise ValueError("--modes needs at least one mode and no repeats")
+    return specs
+
+
+def hf_config(base: DecodeConfig, kind: str) -> dict:
+    """What an hf mode's output depends on (stored in its trace header, checked on resume)."""
+    return {"mode": kind, "max_new_tokens": base.max_new_tokens, "temperature": base.temperature,
+            "top_p": base.top_p, "top_k_sampling": base.top_k_sampling, "seed": base.seed,
+            "prompt_lookup_num_tokens": PLD_TOKENS if kind == "hf_pld" else None}
+
+
+# ---- running one generation -------------------------------------------------------------------
+@dataclass
+class Result:
+    question_id: int | str
+    category: str
+    turn: int
+    mode: str
+    tokens: list[int]
+    seconds: float
+    forwards: int
+    steps: list[StepRecord] = field(repr=False)
+
+
+class HFRunner:
+    """Hugging Face `generate` on the same weights, counting the target's forward passes."""
+
+    def __init__(self, target: Target, cfg: DecodeConfig, kind: str) -> None:
+        from transformers import GenerationConfig
+        eos = sorted(target.eos_ids)
+        sample = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k_sampling) \
+            if not cfg.greedy else dict(do_sample=False)
+        pld = dict(prompt_lookup_num_tokens=PLD_TOKENS) if kind == "hf_pld" else {}
+        self.gen_config = GenerationConfig(max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
+                                           pad_token_id=eos[0], **sample, **pld)
+        self.target, self.cfg, self.eos = target, cfg, set(eos)
+
+    def __call__(self, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], int, str]:
+        calls = [0]
+        hook = self.target.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        torch.manual_seed(self.cfg.seed)
+        x = torch.tensor([ids], device=self.target.device)
+        gen_config = self.gen_config
+        if max_new_tokens is not None:  # the warm-up: a shorter copy (generate warns on mixed kwargs)
+            gen_config = copy.deepcopy(gen_config)
+            gen_config.max_new_tokens = max_new_tokens
+        try:
+            with torch.inference_mode():
+                out = self.target.model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen_config)
+        finally:
+            hook.remove()
+        tokens = out[0, len(ids):].tolist()
+        return tokens, calls[0], "eos" if tokens and tokens[-1] in self.eos else "max_new_tokens"
+
+
+class Bench:
+    """The models, one runner per mode, and the trace header each generation gets."""
+
+    def __init__(self, target: Target, head, head_source: str | None, configs: dict[str, DecodeConfig],
+                 specs: list[ModeSpec]) -> None:
+        self.target, self.head, self.head_source, self.specs = target, head, head_source, specs
+        self.configs = configs
+        self.hf = {s.label: HFRunner(target, configs[s.label], s.kind) for s in specs if s.kind in HF_MODES}
+
+    def config_dict(self, spec: ModeSpec) -> dict:
+        cfg = self.configs[spec.label]
+        return hf_config(cfg, spec.kind) if spec.kind in HF_MODES else asdict(cfg)
+
+    def run(self, spec: ModeSpec, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], float, int, list[StepRecord]]:
+        """One generation -> tokens, wall seconds, target forwards, step records."""
+        if spec.kind in HF_MODES:
+            t0 = time.perf_counter()
+            tokens, forwards, finished = self.hf[spec.label](ids, max_new_tokens)
+            seconds = time.perf_counter() - t0
+            text = self.target.tokenizer.decode(tokens)
+            step = StepRecord(step=0, mode=spec.kind, nodes=[], accepted=[], bonus_token=tokens[-1],
+                              bonus_text=self.target.tokenizer.decode(tokens[-1:]), new_tokens=tokens,
+                              new_text=text, accept_length=1, timings={"generate": seconds},
+                              target_forwards=forwards, finished=finished)
+            return tokens, seconds, forwards, [step]
+        cfg = self.configs[spec.label]
+        if max_new_tokens is not None:
+            cfg = cfg.with_(max_new_tokens=max_new_tokens)
+        decoder = Decoder(self.target, self.head if spec.kind != "vanilla" else None, cfg)
+        t0 = time.perf_counter()
+        g = generate(decoder, ids)
+        return g.tokens, time.perf_counter() - t0, g.target_forwards, g.steps
+
+    def header(self, spec: ModeSpec, q: Question, turn: int, messages: list[dict], n_ids: int,
+               seconds: float, n_tokens: int) -> TraceHeader:
+        meta = {"question_id": q.question_id, "category": q.category, "turn": turn, "mode_label": spec.label,
+                "seconds": seconds, "new_tokens": n_tokens, "threads": torch.get_num_threads()}
+        if turn > 1:
+            meta["messages"] = messages
+        return TraceHeader(self.target.name, self.head_source if spec.kind in ("static", "dynamic") else None,
+                           self.config_dict(spec), messages[-1]["content"], n_ids, meta)
+
+
+# ---- the trace store (resume) -----------------------------------------------------------------
+Key = tuple[object, int, str]  # (question_id, turn, mode label)
+
+
+def append_trace(path: Path, trace: Trace) -> None:
+    """Append one whole trace with a single write, flushed to disk: a crash can only cut the last
+    trace short, and `load_store` drops a cut trace."""
+    lines = [json.dumps(trace.header.to_dict(), ensure_ascii=False)]
+    lines += [json.dumps(s.to_dict(), ensure_ascii=False) for s in trace.steps]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _result_of(trace: Trace) -> Result:
+    m = trace.header.meta
+    tokens = [t for s in trace.steps for t in s.new_tokens]
+    return Result(m["question_id"], m["category"], int(m["turn"]), m["mode_label"], tokens,
+                  float(m["seconds"]), sum(s.target_forwards for s in trace.steps), trace.steps)
+
+
+def load_store(path: Path, expected_config: dict) -> dict[Key, Result]:
+    """The finished generations in one mode's trace file. A cut or unreadable trace is dropped (the
+    file is rewritten atomically without it); results made with another config are an error."""
+    if not path.is_file():
+        return {}
+    traces, report = read_trace(path)
+    complete = [t for t in traces if t.steps and t.steps[-1].finished and "mode_label" in t.header.meta]
+    for t in complete:
+        if t.header.config != expected_config:
+            raise ValueError(f"{path} holds results made with another configuration ({t.header.config}); "
+                             "use a new --out for different settings.")
+    if report.skipped_lines or len(complete) != len(traces):
+        write_trace(path, complete)
+    results = (_result_of(t) for t in complete)
+    return {(r.question_id, r.turn, r.mode): r for r in results}
+
+
+# ---- the run ----------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    questions: list[Question]
+    turns: int
+    specs: list[ModeSpec]
+    out: Path
+
+    @property
+    def reference(self) -> ModeSpec:
+        """Whose first answer the second turn builds on (and the greedy reference): vanilla if run."""
+        return next((s for s in self.specs if s.kind == "vanilla"), self.specs[0])
+
+    def trace_path(self, spec: ModeSpec) -> Path:
+        return self.out / "traces" / f"{spec.slug}.jsonl"
+
+    def keys(self) -> list[Key]:
+        return [(q.question_id, t, s.label) for q in self.questions for t in range(1, min(self.turns, len(q.turns)) + 1)
+                for s in self.specs]
+
+
+def _messages(bench: Bench, q: Question, turn: int, done: dict[Key, Result], ref: str) -> list[dict]:
+    messages = [{"role": "user", "content": q.turns[0]}]
+    if turn == 2:  # the model's own first answer, as a chat would have it
+        answer = bench.target.tokenizer.decode(done[(q.question_id, 1, ref)].tokens, skip_special_tokens=True)
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": q.turns[1]}]
+    return messages
+
+
+def _run_one(bench: Bench, plan: Plan, spec: ModeSpec, q: Question, turn: int,
+             done: dict[Key, Result]) -> None:
+    messages = _messages(bench, q, turn, done, plan.reference.label)
+    ids = encode_prompt(bench.target.tokenizer, messages, bench.target.max_context)
+    tokens, seconds, forwards, steps = bench.run(spec, ids)
+    header = bench.header(spec, q, turn, messages, len(ids), seconds, len(tokens))
+    append_trace(plan.trace_path(spec), Trace(header, steps))
+    done[(q.question_id, turn, spec.label)] = Result(q.question_id, q.category, turn, spec.label, tokens,
+                                                     seconds, forwards, steps)
+
+
+def warm_up(bench: Bench, plan: Plan) -> None:
+    """One short generation per mode, so first-call costs (allocation, kernels) stay out of the numbers."""
+    ids = encode_prompt(bench.target.tokenizer, plan.questions[0].turns[0], bench.target.max_context)
+    for spec in tqdm(plan.specs, desc="warm-up", unit="mode", file=sys.stderr):
+        bench.run(spec, ids, max_new_tokens=WARMUP_TOKENS)
+
+
+def run_plan(bench: Bench, plan: Plan, done: dict[Key, Result]) -> None:
+    """Question by question, turn by turn, every mode in turn (interleaved: load drifts hit all modes)."""
+    todo = {k for k in plan.keys() if k not in done}
+    if not todo:
+        return
+    (plan.out / "traces").mkdir(parents=True, exist_ok=True)
+    warm_up(bench, plan)
+    units = [(q, t) for q in plan.questions for t in range(1, min(plan.turns, len(q.turns)) + 1)]
+    for q, turn in tqdm(units, desc="bench", unit="turn", file=sys.stderr):
+        for spec in plan.specs:
+            if (q.question_id, turn, spec.label) in todo:
+                _run_one(bench, plan, spec, q, turn, done)
+
+
+# ---- summaries --------------------------------------------------------------------------------
+def _rounds(results: list[Result]) -> list[int]:
+    return [s.accept_length for r in results for s in r.steps if s.step > 0]
+
+
+def mode_stats(results: list[Result]) -> dict:
+    """Totals over generations: tokens/s is total tokens over total wall time (not a mean of ratios);
+    tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per token, PLD fewer)."""
+    tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    forwards = sum(r.forwards for r in results)
+    rounds = _rounds(results)
+    return {"generations": len(results), "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds > 0 else math.nan,
+            "tau": tokens / forwards if forwards else math.nan,
+            "mean_accept_length": sum(rounds) / len(rounds) if rounds else math.nan}
+
+
+def _with_speedups(stats: dict[str, dict]) -> dict[str, dict]:
+    base = {k: stats.get(k, {}).get("tokens_per_second", math.nan) for k in ("vanilla", "hf")}
+    for s in stats.values():
+        s["speedup"] = s["tokens_per_second"] / base["vanilla"] if "vanilla" in stats else math.nan
+        s["speedup_vs_hf"] = s["tokens_per_second"] / base["hf"] if "hf" in stats else math.nan
+    return stats
+
+
+def mismatches(results: list[Result], reference: str) -> dict[str, int]:
+    """Per mode: generations whose tokens differ from the reference mode's on the same conversation."""
+    ref = {(r.question_id, r.turn): r.tokens for r in results if r.mode == reference}
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.mode != reference and (r.question_id, r.turn) in ref:
+            counts[r.mode] = counts.get(r.mode, 0) + int(r.tokens != ref[(r.question_id, r.turn)])
+    return counts
+
+
+def summarize(results: list[Result], plan: Plan, greedy: bool) -> dict:
+    by_mode = {s.label: mode_stats([r for r in results if r.mode == s.label]) for s in plan.specs}
+    cats = sorted({r.category for r in results})
+    by_cat = {c: _with_speedups({s.label: mode_stats([r for r in results if r.mode == s.label and r.category == c])
+                                 for s in plan.specs}) for c in cats}
+    ref = plan.reference
+    return {"modes": _with_speedups(by_mode), "categories": by_cat,
+            "questions": len({r.question_id for r in results}), "generations": len(results),
+            "mismatches": mismatches(results, ref.label) if greedy and ref.kind == "vanilla" else None}
+
+
+def steps_table(results: list[Result], configs: dict[str, dict]):
+    """One row per step (an hf generation is one row); pandas only here, for the Parquet file."""
+    import pandas as pd
+    rows = []
+    for r in results:
+        cfg = configs.get(r.mode, {})
+        for s in r.steps:
+            rows.append({"question_id": str(r.question_id), "category": r.category, "turn": r.turn,
+                         "mode": r.mode, "kind": s.mode, "step": s.step, "accept_length": s.accept_length,
+                         "new_tokens": len(s.new_tokens), "target_forwards": s.target_forwards,
+                         "drafted": max(0, len(s.nodes) - 1), "verified": sum(n.kept for n in s.nodes[1:]),
+                         **{f"t_{k}": s.timings.get(k, math.nan) for k in ("prefill", "draft", "verify", "commit",
+                                                                          "generate")},
+                         "finished": s.finished, **{k: cfg.get(k) for k in (*BUDGET_FIELDS, "temperature")}})
+    return pd.DataFrame(rows)
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _clean(obj):
+    """NaN -> None, so the JSON is strict (json.dumps would write NaN)."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else round(obj, 6)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dict[str, dict]) -> None:
+    plan.out.mkdir(parents=True, exist_ok=True)
+    table = steps_table(results, configs)
+    _atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
+    text = json.dumps(_clean(summary), indent=2, ensure_ascii=False)
+    _atomic_write(plan.out / "summary.json", lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def format_table(stats: dict[str, dict], first: str = "mode") -> str:
+    head = f"{first:<24} {'gens':>5} {'tokens':>7} {'wall s':>8} {'tok/s':>7} {'speedup':>8} {'vs hf':>6} " \
+           f"{'tau':>5} {'acc len':>7}"
+    lines = [head, "-" * len(head)]
+    for name, s in stats.items():
+        lines.append(f"{name:<24} {s['generations']:>5} {s['tokens']:>7} {_fmt(s['seconds'], '.1f'):>8} "
+                     f"{_fmt(s['tokens_per_second'], '.2f'):>7} {_fmt(s['speedup'], '.3f'):>8} "
+                     f"{_fmt(s['speedup_vs_hf'], '.3f'):>6} {_fmt(s['tau'], '.2f'):>5} "
+                     f"{_fmt(s['mean_accept_length'], '.2f'):>7}")
+    return "\n".join(lines)
+
+
+def print_report(summary: dict) -> None:
+    print(format_table(summary["modes"]))
+    for cat, stats in summary["categories"].items():
+        print(f"\n[{cat}]")
+        print(format_table(stats))
+    if summary["mismatches"] is not None:
+        print(f"\ngreedy outputs differing from vanilla (generations): {summary['mismatches']}")
+
+
+def json_line(summary: dict) -> str:
+    keys = ("tau", "speedup", "tokens_per_second", "speedup_vs_hf", "mean_accept_length", "tokens", "seconds",
+            "generations")
+    mism = summary["mismatches"] or {}
+    modes = {m: {**{k: s[k] for k in keys}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
+             for m, s in summary["modes"].items()}
+    extra = {k: summary.get(k) for k in ("questions", "generations", "turns", "greedy", "mismatches",
+                                         "skipped_records", "resumed", "out", "head", "threads", "budget")}
+    return json.dumps(_clean({"modes": modes, **extra}))
+
+
+# ---- command line -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eagle bench",
+                                description="Benchmark decoding modes on a question set, interleaved.")
+    p.add_argument("--dataset", required=True, help="mt_bench or a JSONL file (question_id, category, turns)")
+    p.add_argument("--modes", default="vanilla,static,dynamic,hf,hf_pld",
+                   help="comma list of vanilla, static, dynamic, hf, hf_pld; a decoder mode may carry a "
+                        "budget: dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB]")
+    p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
+    p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
+                   help="auto: measure this machine and pick the dynamic tree budget (eagle.budget)")
+    add_decode_args(p)
+    return p
+
+
+def build_configs(args: argparse.Namespace, specs: list[ModeSpec], target: Target, head) -> tuple[dict, dict | None]:
+    """One DecodeConfig per mode label (hf modes keep the sampling fields); --budget auto tunes
+    the dynamic modes that carry no explicit budget."""
+    configs, report, auto = {}, None, None
+    for spec in specs:
+        cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
+        if args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides:
+            if auto is None:
+                from .budget import auto_config
+                auto, report = auto_config(target, head, cfg)
+            cfg = cfg.with_(**{k: getattr(auto, k) for k in BUDGET_FIELDS})
+        configs[spec.label] = cfg
+    return configs, report
+
+
+def _bench(args: argparse.Namespace) -> int:
+    questions, bad = load_questions(args.dataset)
+    if bad:
+        print(f"skipped {bad} bad record(s) in {args.dataset}", file=sys.stderr)
+    questions = questions[: args.limit] if args.limit is not None else questions
+    if not questions:
+        raise ValueError(f"{args.dataset} holds no usable question")
+    specs = parse_modes(args.modes)
+    target, head, source = load_pair(args, any(s.kind in ("static", "dynamic") for s in specs))
+    configs, budget_report = build_configs(args, specs, target, head)
+    out = args.out or ROOT / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    plan, bench = Plan(questions, args.turns, specs, out), Bench(target, head, source, configs, specs)
+    done: dict[Key, Result] = {}
+    for spec in specs:
+        done.update(load_store(plan.trace_path(spec), bench.config_dict(spec)))
+    resumed = sum(k in done for k in plan.keys())
+    if resumed:
+        print(f"resuming: {resumed} generation(s) already in {out}", file=sys.stderr)
+    try:
+        run_plan(bench, plan, done)
+    finally:  # an interrupted run still leaves tables of what finished
+        results = [done[k] for k in plan.keys() if k in done]
+        greedy = configs[specs[0].label].greedy
+        summary = {**summarize(results, plan, greedy), "turns": args.turns, "greedy": greedy,
+                   "skipped_records": bad, "resumed": resumed, "out": str(out), "head": source,
+                   "threads": torch.get_num_threads(), "dataset": str(args.dataset), "budget": budget_report,
+                   "configs": {s.label: bench.config_dict(s) for s in specs}}
+        write_outputs(plan, results, summary, summary["configs"])
+    print_report(summary)
+    if args.json:
+        print(json_line(summary))
+    return _check_lossless(summary, specs)
+
+
+def _check_lossless(summary: dict, specs: list[ModeSpec]) -> int:
+    """Greedy speculative decoding must reproduce vanilla token for token: a mismatch fails the run."""
+    spec_modes = {s.label for s in specs if s.kind in ("static", "dynamic")}
+    bad = {m: n for m, n in (summary["mismatches"] or {}).items() if m in spec_modes and n}
+    if bad:
+        print(f"error: greedy outputs differ from vanilla: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return _bench(args)
+    except (ValueError, FileNotFoundError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished generations are kept; rerun with the same --out to resume",
+              file=sys.stderr)
+        return 130
