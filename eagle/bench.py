@@ -179,7 +179,8 @@ class Bench:
         cfg = self.configs[spec.label]
         return hf_config(cfg, spec.kind) if spec.kind in HF_MODES else asdict(cfg)
 
-    def run(self, spec: ModeSpec, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], float, int, list[StepRecord]]:
+    def run(self, spec: ModeSpec, ids: list[int],
+            max_new_tokens: int | None = None) -> tuple[list[int], float, int, list[StepRecord]]:
         """One generation -> tokens, wall seconds, target forwards, step records."""
         if spec.kind in HF_MODES:
             t0 = time.perf_counter()
@@ -396,6 +397,8 @@ def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dic
     _atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
     text = json.dumps(_clean(summary), indent=2, ensure_ascii=False)
     _atomic_write(plan.out / "summary.json", lambda p: p.write_text(text, encoding="utf-8"))
+    markdown = summary_markdown(summary)
+    _atomic_write(plan.out / "summary.md", lambda p: p.write_text(markdown, encoding="utf-8"))
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -412,6 +415,28 @@ def format_table(stats: dict[str, dict], first: str = "mode") -> str:
                      f"{_fmt(s['speedup_vs_hf'], '.3f'):>6} {_fmt(s['tau'], '.2f'):>5} "
                      f"{_fmt(s['mean_accept_length'], '.2f'):>7}")
     return "\n".join(lines)
+
+
+def markdown_table(stats: dict[str, dict]) -> str:
+    cols = ["mode", "gens", "tokens", "wall s", "tok/s", "speedup vs vanilla", "speedup vs hf", "tau", "acc len"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, s in stats.items():
+        cells = [f"`{name}`", str(s["generations"]), str(s["tokens"]), _fmt(s["seconds"], ".1f"),
+                 _fmt(s["tokens_per_second"], ".2f"), _fmt(s["speedup"], ".3f"), _fmt(s["speedup_vs_hf"], ".3f"),
+                 _fmt(s["tau"], ".2f"), _fmt(s["mean_accept_length"], ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_markdown(summary: dict) -> str:
+    parts = [f"questions {summary['questions']}, generations {summary['generations']}, greedy "
+             f"{summary['greedy']}, threads {summary['threads']}, head {summary['head']}",
+             "", markdown_table(summary["modes"])]
+    for cat, stats in summary["categories"].items():
+        parts += ["", f"**{cat}**", "", markdown_table(stats)]
+    if summary["mismatches"] is not None:
+        parts += ["", f"greedy outputs differing from vanilla: {summary['mismatches']}"]
+    return "\n".join(parts) + "\n"
 
 
 def print_report(summary: dict) -> None:
@@ -462,7 +487,13 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], target: Targe
             if auto is None:
                 from .budget import auto_config
                 auto, report = auto_config(target, head, cfg)
+                print(f"budget auto: {report['chosen']}, expected {report['expected_speedup']:.2f}x vanilla",
+                      file=sys.stderr)
             cfg = cfg.with_(**{k: getattr(auto, k) for k in BUDGET_FIELDS})
+        no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
+        if spec.kind in ("static", "dynamic") and no_counts:
+            print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
+                  "falls back to the full vocabulary", file=sys.stderr)
         configs[spec.label] = cfg
     return configs, report
 

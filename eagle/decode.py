@@ -75,6 +75,9 @@ class Decoder:
         if config.mode == "static":
             shape = static_paths_to_tree_shape(load_static_paths())
             self.static_shape = tuple(t.to(target.device) for t in shape)
+            if 0 < config.draft_vocab <= int(shape[1].max()):
+                raise ValueError(f"draft_vocab {config.draft_vocab} is smaller than the static tree's "
+                                 f"widest node ({int(shape[1].max()) + 1} children)")
 
     # ---- the loop -------------------------------------------------------------------------------
     def steps(self, prompt_ids: list[int]) -> Iterator[StepRecord]:

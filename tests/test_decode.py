@@ -50,6 +50,16 @@ def test_greedy_equals_vanilla_with_trained_head(target, trained_head, vanilla_r
     assert sum(taus) / len(taus) > 1.2  # a trained head is accepted at least sometimes
 
 
+@pytest.mark.slow
+def test_reduced_draft_vocabulary_is_lossless(target, trained_head, vanilla_refs):
+    for ids, ref in vanilla_refs[:3]:
+        g = _tokens(target, trained_head, ids, mode="dynamic", max_new_tokens=128, total_tokens=16, depth=4,
+                    top_k=4, draft_vocab=4096)
+        assert g.tokens == ref
+        allowed = set(trained_head.draft_vocab_ids(4096).tolist())
+        assert all(n.token in allowed for s in g.steps for n in s.nodes[1:])
+
+
 def test_paper_budget_is_lossless_too(target, random_head, vanilla_refs):
     ids, ref = vanilla_refs[0]
     g = _tokens(target, random_head, ids, mode="dynamic", max_new_tokens=32)  # defaults: 60 / 6 / 10
@@ -108,21 +118,26 @@ def _exact_two_token_dist(target, prompt, temperature, top_p):
     return dist
 
 
-@pytest.mark.parametrize("mode, temperature, top_p", [("dynamic", 0.7, 1.0), ("static", 1.0, 1.0),
-                                                      ("dynamic", 1.3, 0.9)])
-def test_sampling_preserves_the_target_distribution(mode, temperature, top_p, single_thread):
+@pytest.mark.parametrize("mode, temperature, top_p, draft_vocab", [
+    ("dynamic", 0.7, 1.0, 0), ("static", 1.0, 1.0, 0), ("dynamic", 1.3, 0.9, 0),
+    ("dynamic", 0.8, 1.0, 3), ("static", 0.8, 1.0, 4)])  # the draft sees 3 or 4 of the 6 tokens
+def test_sampling_preserves_the_target_distribution(mode, temperature, top_p, draft_vocab, single_thread):
     """Chi-square of the first two new tokens over many seeds against the exact p(x1) p(x2 | x1).
     The second token comes from a drafted round (accepted draft or bonus), so this checks the tree
     acceptance rule and the bonus token's temperature. The tiny target has no EOS."""
     target, head = tiny_pair(vocab=6, seed=4, eos=None)
+    head.token_counts.copy_(torch.tensor([1, 9, 2, 8, 3, 7]))  # most frequent first: 1, 3, 5, 4
     prompt = [1, 2, 3]
     exact = _exact_two_token_dist(target, prompt, temperature, top_p)
     counts, trials = Counter(), 1500
     cfg = DecodeConfig(mode=mode, max_new_tokens=2, temperature=temperature, top_p=top_p,
-                       total_tokens=6, depth=2, top_k=2)
+                       total_tokens=6, depth=2, top_k=2, draft_vocab=draft_vocab)
     for seed in range(trials):
         g = generate(Decoder(target, head, cfg.with_(seed=seed)), prompt)
         counts[tuple(g.tokens[:2])] += 1
+        if draft_vocab:  # tokens outside the draft vocabulary are never drafted
+            allowed = set(head.draft_vocab_ids(draft_vocab).tolist())
+            assert all(n.token in allowed for s in g.steps for n in s.nodes[1:])
     keys = sorted(exact)
     expected = [exact[k] * trials for k in keys]
     observed = [counts.get(k, 0) for k in keys]

@@ -1,0 +1,447 @@
+"""A hardware-tuned tree budget: measure what a round costs on this machine, estimate what each budget
+would accept from recorded draft trees, and pick the budget with the most expected tokens per second.
+
+    expected tokens/s (n, depth, top_k, vocab) = E[accept length] / (t_verify(n) + t_draft(depth, top_k, vocab)
+                                                                       + per-round overhead)
+
+Costs are measured with the decoder's own functions (target forward + softmax for verification;
+draft_dynamic + rerank + tree building + trace bookkeeping for drafting) and cached per model, torch
+thread count and device under $EAGLE_CACHE (default ~/.cache/eagle2-explorer/costs/).
+
+E[accept length] comes from a *replay*: a calibration run drafts a large tree (depth CAL_DEPTH,
+top_k CAL_TOP_K, CAL_TOTAL verified nodes) and records every candidate's value and whether it was
+accepted. For a smaller budget we rerun EAGLE-2's beam and rerank on the recorded candidates; the
+accepted length is 1 + the accepted path nodes that survive. That is exact whenever the smaller tree's
+verified nodes are a subset of the recorded ones (greedy), and a lower bound otherwise. The EAGLE-2
+paper's shortcut, 1 + alpha * (sum of kept values) with alpha fitted on the same run, is the
+`method="value"` alternative.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .config import DecodeConfig
+from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
+from .draft import Drafter, draft_dynamic
+from .head import DraftHead
+from .target import Target, cache_dir
+from .trace import StepRecord, Trace
+from .tree import rerank
+
+NS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+TOP_KS = (1, 2, 4, 6, 8, 10)
+VOCABS = (0, 16384, 8192, 4096)
+CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers every budget searched
+PREFIX_LEN = 192  # a typical MT-bench prefix mid-answer (prompt ~60-120 tokens + part of the answer)
+DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then taken as linear in depth
+COSTS_VERSION = 1
+
+
+# ---- measured costs ---------------------------------------------------------------------------
+@dataclass
+class Costs:
+    key: str
+    verify: dict[int, float]  # n tree tokens -> seconds (forward over a PREFIX_LEN prefix + softmax)
+    draft: dict[str, tuple[float, float]]  # "top_k/vocab" -> (base s, s per expansion)
+    overhead: float  # per round: the draft head consumes the accepted tokens, the KV cache commits
+    meta: dict = field(default_factory=dict)
+
+    def t_verify(self, n: int) -> float:
+        """Piecewise-linear in n between measured points (linear extrapolation past the ends)."""
+        xs = sorted(self.verify)
+        if n in self.verify:
+            return self.verify[n]
+        lo = max([x for x in xs if x < n], default=xs[0])
+        hi = min([x for x in xs if x > n], default=xs[-1])
+        if lo == hi:
+            lo, hi = (xs[-2], xs[-1]) if n > xs[-1] else (xs[0], xs[1])
+        slope = (self.verify[hi] - self.verify[lo]) / (hi - lo)
+        return self.verify[lo] + slope * (n - lo)
+
+    def t_draft(self, depth: int, top_k: int, vocab: int = 0) -> float:
+        base, step = self.draft[f"{top_k}/{vocab}"]
+        return base + depth * step
+
+    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0) -> float:
+        """Seconds per round; a 1-node tree is plain decoding (no draft)."""
+        draft = self.t_draft(depth, top_k, vocab) if n > 1 else 0.0
+        return self.t_verify(n) + draft + self.overhead
+
+    def to_json(self) -> dict:
+        return {"version": COSTS_VERSION, **asdict(self), "verify": {str(k): v for k, v in self.verify.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Costs":
+        return cls(d["key"], {int(k): float(v) for k, v in d["verify"].items()},
+                   {k: (float(v[0]), float(v[1])) for k, v in d["draft"].items()}, float(d["overhead"]),
+                   d.get("meta", {}))
+
+    def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...]) -> bool:
+        return set(ns) <= set(self.verify) and all(f"{k}/{v}" in self.draft for k in top_ks for v in vocabs)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        model = None
+    return f"cpu:{model or platform.processor() or platform.machine()}:{os.cpu_count()}"
+
+
+def cost_key(target: Target) -> str:
+    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}"
+
+
+def cost_path(key: str) -> Path:
+    return cache_dir() / "costs" / (re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)[:180] + ".json")
+
+
+def load_costs(key: str) -> Costs | None:
+    path = cost_path(key)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        return Costs.from_json(d) if d.get("version") == COSTS_VERSION and d.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # missing or stale: measure again
+        return None
+
+
+def save_costs(costs: Costs) -> Path:
+    path = cost_path(costs.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(costs.to_json(), indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _drafter(target: Target, head: DraftHead, max_len: int, vocab: int) -> Drafter:
+    """A drafter scoring `vocab` rows. A head without token counts (a random head) cannot pick its
+    subset, but the cost depends only on the subset's size, so the first `vocab` ids stand in."""
+    drafter = Drafter(head, target.model.lm_head.weight, max_len, vocab)
+    if vocab and drafter.vocab_ids is None and vocab < drafter.vocab_size:
+        drafter.vocab_ids = torch.arange(vocab, device=target.device)
+        drafter.weight = target.model.lm_head.weight[:vocab]
+    return drafter
+
+
+class _Probe:
+    """A prefix in the target's and the draft's caches, to time rounds at a realistic length."""
+
+    def __init__(self, target: Target, head: DraftHead, prefix_len: int, max_n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        vocab = int(target.config.vocab_size)
+        ids = torch.randint(0, vocab, (1, prefix_len), generator=g).to(target.device)
+        self.target, self.head, self.prefix_len = target, head, prefix_len
+        self.cache = target.new_cache(prefix_len + max_n + 8)
+        _, self.features = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], self.cache, 0,
+                                          logits_rows=slice(-1, None))
+        self.cache.length = prefix_len
+        self.ids, self.texts = ids[0], TokenTexts(target.tokenizer)
+
+    def verify(self, n: int) -> Callable[[], None]:
+        tokens = self.ids[:n][None]
+        positions = (self.prefix_len + torch.arange(n, device=tokens.device))[None]
+        mask = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_()
+
+        def run() -> None:
+            logits, _ = self.target.forward(tokens, positions, self.cache, self.prefix_len, mask if n > 1 else None)
+            torch.softmax(logits[0].float(), dim=-1)  # the decoder's acceptance computes this too
+        return run
+
+    def drafter(self, top_k: int, vocab: int, depth: int) -> tuple[Drafter, torch.Tensor]:
+        d = _drafter(self.target, self.head, self.prefix_len + depth * top_k + 8, vocab)
+        root_hidden = d.consume(self.ids[1:], self.features[0, :-1])
+        return d, root_hidden
+
+    def draft(self, top_k: int, vocab: int, depth: int) -> Callable[[], None]:
+        drafter, root_hidden = self.drafter(top_k, vocab, depth)
+
+        def run() -> None:
+            with torch.inference_mode():
+                cand = draft_dynamic(drafter, root_hidden, depth, top_k)
+                kept = rerank(cand.scores, cand.parents, cand.depths, min(cand.tokens.numel(), 15))
+                tree = tree_from_candidates(int(self.ids[0]), cand, kept)
+                rnd = Round(int(self.ids[0]), cand, kept, tree, [0], 0, torch.zeros(tree.num_nodes))
+                trace_nodes(rnd, self.texts)
+        return run
+
+    def overhead(self) -> Callable[[], None]:
+        drafter, _ = self.drafter(1, 0, 1)
+        start = drafter.cache.length
+
+        def run() -> None:  # a typical round commits ~3 tokens
+            drafter.cache.length = start
+            drafter.consume(self.ids[:3], self.features[0, :3])
+            self.cache.commit(torch.arange(self.prefix_len, self.prefix_len + 3, device=self.ids.device))
+            self.cache.length = self.prefix_len
+        return run
+
+
+def _time_interleaved(jobs: dict[str, Callable[[], None]], repeats: int, desc: str) -> dict[str, float]:
+    """Median seconds per job. Jobs run round-robin (one warm-up pass first), so load that drifts
+    during the measurement hits every job alike instead of biasing the later ones."""
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for r in tqdm(range(repeats + 1), desc=desc, unit="pass", leave=False):
+        for name, job in jobs.items():
+            sync()
+            t0 = time.perf_counter()
+            job()
+            sync()
+            if r > 0:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple[int, ...],
+             vocabs: tuple[int, ...], repeats: int, prefix_len: int) -> Costs:
+    probe = _Probe(target, head, prefix_len, max(ns))
+    jobs = {f"v{n}": probe.verify(n) for n in ns}
+    for k in top_ks:
+        for v in vocabs:
+            jobs[f"d{k}/{v}@1"] = probe.draft(k, v, 1)
+            jobs[f"d{k}/{v}@{DEPTH_PROBE}"] = probe.draft(k, v, DEPTH_PROBE)
+    jobs["overhead"] = probe.overhead()
+    with torch.inference_mode():
+        t = _time_interleaved(jobs, repeats, "measure costs")
+    draft = {}
+    for k in top_ks:
+        for v in vocabs:
+            t1, t4 = t[f"d{k}/{v}@1"], t[f"d{k}/{v}@{DEPTH_PROBE}"]
+            step = max(0.0, (t4 - t1) / (DEPTH_PROBE - 1))  # noise can make it negative for tiny models
+            draft[f"{k}/{v}"] = (max(0.0, t1 - step), step)
+    meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return Costs(cost_key(target), {n: t[f"v{n}"] for n in ns}, draft, t["overhead"], meta)
+
+
+def measure_costs(target: Target, head: DraftHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
+                  vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
+                  refresh: bool = False) -> Costs:
+    """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
+    Keyed by model name, torch threads, device name and dtype (not the head: every head for a
+    target has the same shape, so the same cost)."""
+    key = cost_key(target)
+    cached = None if refresh else load_costs(key)
+    if cached is not None and cached.covers(ns, top_ks, vocabs):
+        return cached
+    costs = _measure(target, head, ns, top_ks, vocabs, repeats, prefix_len)
+    costs.meta["file"] = str(save_costs(costs))
+    return costs
+
+
+# ---- calibration: what each budget would accept ---------------------------------------------
+@dataclass
+class StepSample:
+    """One recorded round reduced to what a replay needs; arrays (M,) over drafted candidates."""
+    parent: np.ndarray  # candidate index of the parent, -1 for children of the root
+    rank: np.ndarray
+    depth: np.ndarray  # 1 = child of the root
+    value: np.ndarray  # EAGLE-2 value: product of draft confidences along the path
+    token: np.ndarray
+    on_path: np.ndarray  # accepted in the recorded round
+    accept_length: int
+    kept_value_sum: float  # sum of the values of the nodes the recorded round verified
+
+
+def samples_from_steps(steps: list[StepRecord]) -> list[StepSample]:
+    """Every dynamic round (not the prefill), as replay samples."""
+    out = []
+    for step in steps:
+        nodes = step.nodes[1:]  # node id = candidate index + 1; the root is node 0
+        if step.step == 0 or step.mode != "dynamic" or not nodes:
+            continue
+        col = lambda f, dt: np.array([getattr(n, f) for n in nodes], dtype=dt)  # noqa: E731
+        out.append(StepSample(col("parent", np.int64) - 1, col("rank", np.int64), col("depth", np.int64),
+                              col("value", np.float64), col("token", np.int64), col("accepted", bool),
+                              step.accept_length, float(sum(n.value for n in nodes if n.kept))))
+    return out
+
+
+def samples_from_traces(traces: list[Trace]) -> list[StepSample]:
+    """Replay samples from recorded traces (e.g. a bench's traces/dynamic.jsonl, read_trace)."""
+    return [s for t in traces for s in samples_from_steps(t.steps)]
+
+
+def _children(s: StepSample) -> dict[int, np.ndarray]:
+    """parent -> its recorded children, best rank first."""
+    order = np.lexsort((s.rank, s.parent))  # by parent, then rank
+    groups = np.split(order, np.flatnonzero(np.diff(s.parent[order])) + 1)
+    return {int(s.parent[g[0]]): g for g in groups if g.size}
+
+
+def _beam(s: StepSample, kids: dict[int, np.ndarray], top_k: int, allowed: np.ndarray | None,
+          max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """EAGLE-2's expansion replayed on the recorded candidates: the candidates a (max_depth, top_k)
+    draft would have produced, with the expansion round that produced each (0 = the root's)."""
+    def children(p: int) -> np.ndarray:
+        c = kids.get(p, np.empty(0, dtype=np.int64))
+        return (c if allowed is None else c[allowed[s.token[c]]])[:top_k]
+    level = children(-1)
+    picked, rounds = [level], [np.zeros(level.size, dtype=np.int64)]
+    for d in range(1, max_depth + 1):
+        frontier = level[np.argsort(-s.value[level], kind="stable")[:top_k]]
+        level = np.concatenate([children(int(p)) for p in frontier]) if frontier.size else frontier
+        if not level.size:
+            break
+        picked.append(level)
+        rounds.append(np.full(level.size, d, dtype=np.int64))
+    return np.concatenate(picked), np.concatenate(rounds)
+
+
+def _accepts(s: StepSample, idx: np.ndarray, rounds: np.ndarray, depths: tuple[int, ...],
+             ns: np.ndarray) -> np.ndarray:
+    """(len(depths), len(ns)) accepted length of each budget: rerank keeps the n-1 best values
+    (shallower first on ties), and the accepted path nodes among them count."""
+    out = np.ones((len(depths), ns.size))
+    for i, depth in enumerate(depths):
+        sel = idx[rounds <= depth]
+        order = sel[np.lexsort((s.depth[sel], -s.value[sel]))]
+        positions = np.flatnonzero(s.on_path[order])  # ranks of the accepted path nodes
+        out[i] += np.searchsorted(positions, ns - 1, side="left")
+    return out
+
+
+class AcceptModel:
+    """E[accepted length] over a grid of (total_tokens, depth, top_k, draft_vocab), from replays of
+    recorded rounds. vocab_masks: draft_vocab -> bool (V,) of the allowed tokens (None = all)."""
+
+    def __init__(self, samples: list[StepSample], vocab_masks: dict[int, np.ndarray | None],
+                 ns: tuple[int, ...] = NS, depths: tuple[int, ...] = tuple(range(1, CAL_DEPTH + 1)),
+                 top_ks: tuple[int, ...] = TOP_KS, method: str = "replay") -> None:
+        if not samples:
+            raise ValueError("calibration has no drafted rounds to learn from")
+        if method not in ("replay", "value"):
+            raise ValueError(f"method must be 'replay' or 'value', got {method!r}")
+        self.ns, self.depths, self.top_ks, self.method = ns, depths, top_ks, method
+        self.vocabs = tuple(vocab_masks)
+        measured = np.mean([s.accept_length - 1 for s in samples])
+        # value method: E = 1 + alpha * sum(kept values), alpha fitted on the recorded rounds
+        self.alpha = measured / max(1e-9, float(np.mean([s.kept_value_sum for s in samples])))
+        self.table = {(k, v): self._grid(samples, k, m) for k in top_ks for v, m in vocab_masks.items()}
+
+    def _grid(self, samples: list[StepSample], top_k: int, allowed: np.ndarray | None) -> np.ndarray:
+        ns, total = np.array(self.ns), np.zeros((len(self.depths), len(self.ns)))
+        for s in samples:
+            idx, rounds = _beam(s, _children(s), top_k, allowed, max(self.depths))
+            if self.method == "replay":
+                total += _accepts(s, idx, rounds, self.depths, ns)
+            else:
+                total += self._value_estimate(s, idx, rounds, ns)
+        return total / len(samples)
+
+    def _value_estimate(self, s: StepSample, idx: np.ndarray, rounds: np.ndarray, ns: np.ndarray) -> np.ndarray:
+        out = np.ones((len(self.depths), ns.size))
+        for i, depth in enumerate(self.depths):
+            vals = np.sort(s.value[idx[rounds <= depth]])[::-1]
+            cum = np.concatenate([[0.0], np.cumsum(vals)])
+            out[i] += self.alpha * cum[np.minimum(ns - 1, vals.size)]
+        return out
+
+    def __call__(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
+        grid = self.table[(top_k, draft_vocab)]
+        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+
+
+def expected_accept_length(model: AcceptModel, total_tokens: int, depth: int, top_k: int,
+                           draft_vocab: int = 0) -> float:
+    """E[accepted length per round] (bonus token included) for one budget."""
+    return model(total_tokens, depth, top_k, draft_vocab)
+
+
+# ---- the choice -------------------------------------------------------------------------------
+def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,
+                  ns: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
+                  top_ks: tuple[int, ...] | None = None) -> tuple[int, int, int, list[dict]]:
+    """The (total_tokens, depth, top_k) with the most expected tokens/s for one draft vocabulary,
+    and the whole table, best first. `model(n, depth, top_k, vocab)` gives E[accepted length];
+    a budget must fit in the candidates its draft produces (top_k + depth * top_k^2)."""
+    ns = ns or getattr(model, "ns", NS)
+    depths = depths or getattr(model, "depths", tuple(range(1, CAL_DEPTH + 1)))
+    top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
+    vanilla = 1.0 / costs.t_verify(1)  # plain decoding: one token per one-token forward
+    rows = []
+    for n in (x for x in ns if x > 1):
+        for depth in depths:
+            for k in top_ks:
+                if n - 1 > k + depth * k * k:
+                    continue
+                accept, cost = model(n, depth, k, draft_vocab), costs.round_cost(n, depth, k, draft_vocab)
+                rows.append({"total_tokens": n, "depth": depth, "top_k": k, "draft_vocab": draft_vocab,
+                             "accept_length": accept, "round_s": cost, "tokens_per_s": accept / cost,
+                             "speedup": accept / cost / vanilla})
+    if not rows:
+        raise ValueError("no budget in the grid fits: give total_tokens above 1")
+    rows.sort(key=lambda r: (-r["tokens_per_s"], r["total_tokens"], r["depth"], r["top_k"]))
+    best = rows[0]
+    return best["total_tokens"], best["depth"], best["top_k"], rows
+
+
+def calibration_prompts(count: int = 3) -> list[str]:
+    """First turns from the end of MT-bench (the bench's --limit runs start at the front)."""
+    from .bench import load_questions
+    questions, _ = load_questions("mt_bench")
+    return [q.turns[0] for q in questions[::-1][:: max(1, len(questions) // (count * 2))][:count]]
+
+
+def calibrate(target: Target, head: DraftHead, prompts: list[str], max_new_tokens: int = 64,
+              seed: int = 0) -> list[StepSample]:
+    """Greedy decoding with a large tree, recorded as replay samples."""
+    cfg = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, total_tokens=CAL_TOTAL, depth=CAL_DEPTH,
+                       top_k=CAL_TOP_K, seed=seed)
+    samples: list[StepSample] = []
+    for prompt in tqdm(prompts, desc="calibrate", unit="prompt", leave=False):
+        ids = encode_prompt(target.tokenizer, prompt, target.max_context)
+        g = generate(Decoder(target, head, cfg), ids)
+        samples += samples_from_steps(g.steps)
+    return samples
+
+
+def vocab_masks(head: DraftHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarray | None]:
+    """The draft vocabularies this head supports (it needs token counts for a subset)."""
+    out: dict[int, np.ndarray | None] = {0: None}
+    for v in vocabs:
+        ids = head.draft_vocab_ids(v) if v else None
+        if ids is not None:
+            mask = np.zeros(head.config.vocab_size, dtype=bool)
+            mask[ids.cpu().numpy()] = True
+            out[v] = mask
+    return out
+
+
+def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
+                vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
+                ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS) -> tuple[DecodeConfig, dict]:
+    """The budget with the most expected tokens/s on this machine: (config, report). Costs come
+    from the per-machine cache (measured once, ~a minute on a CPU); calibration decodes a few prompts."""
+    masks = vocab_masks(head, vocabs)
+    costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats)
+    samples = calibrate(target, head, prompts or calibration_prompts(), max_new_tokens)
+    model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
+    choices = [choose_budget(costs, model, v) for v in masks]
+    n, depth, k, table = max(choices, key=lambda c: c[3][0]["tokens_per_s"])
+    best = table[0]
+    cfg = base_cfg.with_(total_tokens=n, depth=depth, top_k=k, draft_vocab=best["draft_vocab"])
+    report = {"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
+              "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
+              "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
+              "calibration_rounds": len(samples),
+              "calibration_accept_length": float(np.mean([s.accept_length for s in samples])),
+              "costs_key": costs.key, "costs_file": str(cost_path(costs.key)),
+              "best_per_vocab": sorted((c[3][0] for c in choices), key=lambda r: -r["tokens_per_s"]),
+              "top": table[:5]}
+    return cfg, report

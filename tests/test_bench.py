@@ -1,0 +1,107 @@
+"""`python -m eagle bench` end to end on the real model (random head, a few tokens): files, the JSON
+line, greedy equality, resume after an interruption, multi-turn, bad question records."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from eagle.bench import load_questions, main, parse_modes
+from eagle.trace import read_trace
+
+MODES = "vanilla,dynamic,hf,hf_pld"
+BUDGET = ["--total-tokens", "8", "--depth", "3", "--top-k", "4"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a shared 2-core box a 2-thread pool slows down several-fold under load."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _bench(out, capsys, *extra):
+    rc = main(["--dataset", "mt_bench", "--limit", "2", "--max-new-tokens", "8", "--modes", MODES,
+               "--head", "random", "--out", str(out), "--json", *BUDGET, *extra])
+    return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_end_to_end_and_resume(tmp_path, capsys):
+    rc, summary = _bench(tmp_path, capsys)
+    assert rc == 0
+    assert summary["questions"] == 2 and summary["generations"] == 8 and summary["resumed"] == 0
+    assert set(summary["modes"]) == set(MODES.split(","))
+    assert summary["mismatches"]["dynamic"] == 0 and summary["modes"]["dynamic"]["mismatches"] == 0
+    assert summary["modes"]["vanilla"]["speedup"] == 1.0 and summary["modes"]["hf"]["speedup_vs_hf"] == 1.0
+    assert summary["modes"]["hf"]["tau"] == 1.0 and summary["modes"]["hf"]["mean_accept_length"] is None
+    for mode in MODES.split(","):
+        traces, report = read_trace(tmp_path / "traces" / f"{mode}.jsonl")
+        assert len(traces) == 2 and report.skipped_lines == 0
+        assert {t.header.meta["question_id"] for t in traces} == {81, 82}
+        assert all(sum(len(s.new_tokens) for s in t.steps) == 8 for t in traces)
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert set(steps["mode"]) == set(MODES.split(",")) and (steps["kind"] == "dynamic").any()
+    assert json.loads((tmp_path / "summary.json").read_text())["generations"] == 8
+    assert "| `dynamic` |" in (tmp_path / "summary.md").read_text()
+
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "traces").iterdir()}
+    rc, again = _bench(tmp_path, capsys)  # nothing left to do: every generation is skipped
+    assert rc == 0 and again["resumed"] == 8
+    assert sizes == {p.name: p.stat().st_size for p in (tmp_path / "traces").iterdir()}
+
+    vanilla = tmp_path / "traces" / "vanilla.jsonl"
+    lines = vanilla.read_text().splitlines()
+    vanilla.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])  # a crash mid-write of question 82
+    rc, resumed = _bench(tmp_path, capsys)
+    assert rc == 0 and resumed["resumed"] == 7 and resumed["mismatches"]["dynamic"] == 0
+    traces, report = read_trace(vanilla)
+    assert len(traces) == 2 and report.skipped_lines == 0
+
+
+def test_changed_settings_need_a_new_out(tmp_path, capsys):
+    assert main(["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "4", "--modes", "vanilla",
+                 "--out", str(tmp_path)]) == 0
+    assert main(["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "5", "--modes", "vanilla",
+                 "--out", str(tmp_path)]) == 2
+    assert "another configuration" in capsys.readouterr().err
+
+
+def test_second_turn_builds_on_the_first_answer(tmp_path, capsys):
+    rc = main(["--dataset", "mt_bench", "--limit", "1", "--turns", "2", "--max-new-tokens", "6", "--modes",
+               "vanilla,dynamic", "--head", "random", "--out", str(tmp_path), "--json", *BUDGET])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["generations"] == 4 and summary["mismatches"] == {"dynamic": 0}
+    traces, _ = read_trace(tmp_path / "traces" / "dynamic.jsonl")
+    turn2 = next(t for t in traces if t.header.meta["turn"] == 2)
+    messages = turn2.header.meta["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"]  # vanilla's own first answer
+
+
+def test_bad_question_records_are_skipped_and_counted(tmp_path, capsys):
+    good = {"question_id": 1, "category": "math", "turns": ["What is 2+2?"]}
+    lines = [json.dumps(good), "not json", json.dumps({"question_id": 2}), json.dumps([1, 2]),
+             json.dumps({"question_id": 3, "turns": [""]}), json.dumps(good), "",
+             json.dumps({"question_id": "x", "turns": ["Hi"]})]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    questions, bad = load_questions(path)
+    assert [q.question_id for q in questions] == [1, "x"] and bad == 5
+    assert questions[1].category == "uncategorized"
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text("nope\n{}\n")
+    assert main(["--dataset", str(only_bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "skipped 2 bad record(s)" in err and "no usable question" in err
+
+
+def test_mode_specs():
+    specs = parse_modes("vanilla, dynamic:24/5/6/8192,hf_pld")
+    assert [s.kind for s in specs] == ["vanilla", "dynamic", "hf_pld"]
+    assert dict(specs[1].overrides) == {"total_tokens": 24, "depth": 5, "top_k": 6, "draft_vocab": 8192}
+    assert specs[1].slug == "dynamic-24-5-6-8192"
+    for bad in ("turbo", "hf:8/3/4", "dynamic:8/3", "vanilla,vanilla", ""):
+        with pytest.raises(ValueError):
+            parse_modes(bad)

@@ -1,0 +1,107 @@
+"""The budget chooser on a synthetic cost model with a hand-computed optimum, the replay estimate of
+accepted lengths, the per-machine cost cache, and auto_config on the real model."""
+import numpy as np
+import pytest
+import torch
+
+from eagle import budget
+from eagle.budget import AcceptModel, Costs, StepSample, choose_budget
+from eagle.config import DecodeConfig
+from tests.tiny import tiny_pair
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a shared 2-core box a 2-thread pool slows down several-fold under load."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _chain_model(n: int, depth: int, top_k: int, vocab: int = 0) -> float:
+    """A draft whose top-1 chain is accepted with value 0.8^j at depth j (width does not help)."""
+    return 1 + sum(0.8 ** j for j in range(1, min(depth + 1, n - 1) + 1))
+
+
+def test_choose_budget_finds_the_known_optimum():
+    # round cost: 10 ms + 1 ms per verified token + 2 ms per expansion per beam node
+    costs = Costs("synthetic", {n: 0.010 + 0.001 * n for n in range(1, 11)},
+                  {f"{k}/0": (0.0, 0.002 * k) for k in (1, 2, 4)}, overhead=0.0)
+    n, depth, top_k, table = choose_budget(costs, _chain_model, 0, ns=tuple(range(1, 11)),
+                                           depths=(1, 2, 3, 4, 5), top_ks=(1, 2, 4))
+    # by hand: depth 1 -> 2.44 / 15 ms = 162.7 tok/s, depth 2 -> 2.952 / 18 ms = 164.0, depth 3 -> 160.1
+    assert (n, depth, top_k) == (4, 2, 1)
+    assert table[0]["tokens_per_s"] == pytest.approx(2.952 / 0.018)
+    assert table[0]["speedup"] == pytest.approx(2.952 / 0.018 * 0.011)
+    assert [r["tokens_per_s"] for r in table] == sorted((r["tokens_per_s"] for r in table), reverse=True)
+    assert all(r["total_tokens"] - 1 <= r["top_k"] + r["depth"] * r["top_k"] ** 2 for r in table)
+
+
+def _sample() -> StepSample:
+    """Root -> a (0.9, accepted) -> c (0.72, accepted) -> e (0.36, accepted); b, d, f are rejected
+    siblings. Recorded with top_k 2, depth 2 (so e's level is the second expansion)."""
+    #                 a     b     c     d     e     f
+    parent = np.array([-1, -1, 0, 0, 2, 2])
+    value = np.array([0.9, 0.05, 0.72, 0.1, 0.36, 0.3])
+    return StepSample(parent=parent, rank=np.array([0, 1, 0, 1, 0, 1]), depth=np.array([1, 1, 2, 2, 3, 3]),
+                      value=value, token=np.array([10, 11, 12, 13, 14, 15]),
+                      on_path=np.array([True, False, True, False, True, False]), accept_length=4,
+                      kept_value_sum=float(value.sum()))
+
+
+def test_replay_counts_the_accepted_path_a_budget_keeps():
+    model = AcceptModel([_sample()], {0: None}, ns=(2, 3, 4, 5), depths=(1, 2), top_ks=(1, 2))
+    # kept by value with top_k 2: a .9, c .72, e .36 (depth 2 only), f .3, d .1, b .05
+    assert [model(n, 2, 2) for n in (2, 3, 4, 5)] == [2, 3, 4, 4]
+    assert [model(n, 1, 2) for n in (2, 3, 4, 5)] == [2, 3, 3, 3]  # e needs a second expansion
+    assert model(4, 2, 1) == 4  # the top-1 chain is the accepted path
+    blocked = np.zeros(20, dtype=bool)
+    blocked[[10, 11, 13, 14, 15]] = True  # c's token is outside the reduced vocabulary
+    reduced = AcceptModel([_sample()], {8: blocked}, ns=(4,), depths=(2,), top_ks=(2,))
+    assert reduced(4, 2, 2, 8) == 2
+    value = AcceptModel([_sample()], {0: None}, ns=(4,), depths=(2,), top_ks=(2,), method="value")
+    assert value.alpha == pytest.approx(3 / 2.43)
+    assert value(4, 2, 2) == pytest.approx(1 + 3 / 2.43 * (0.9 + 0.72 + 0.36))
+
+
+def test_verify_cost_interpolates():
+    costs = Costs("k", {1: 1.0, 4: 4.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, overhead=0.25)
+    assert costs.t_verify(2) == pytest.approx(2.0) and costs.t_verify(6) == pytest.approx(5.0)
+    assert costs.t_verify(10) == pytest.approx(7.0)  # extrapolated from the last segment
+    assert costs.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25)
+    assert costs.round_cost(1, 2, 1) == pytest.approx(1.25)  # no draft for a one-node tree
+
+
+def test_cost_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "cache_dir", lambda: tmp_path)
+    target, head = tiny_pair(vocab=12)
+    grid = dict(ns=(1, 2, 4), top_ks=(1, 2), vocabs=(0, 6), repeats=1)
+    costs = budget.measure_costs(target, head, **grid)
+    path = budget.cost_path(costs.key)
+    assert path.is_file() and str(tmp_path) in str(path) and "threads=" in costs.key
+    assert set(costs.verify) == {1, 2, 4} and set(costs.draft) == {"1/0", "1/6", "2/0", "2/6"}
+    assert all(v > 0 for v in costs.verify.values())
+    loaded = budget.load_costs(costs.key)
+    assert loaded.verify == costs.verify and loaded.draft == costs.draft and loaded.overhead == costs.overhead
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured again despite the cache")
+    monkeypatch.setattr(budget, "_measure", fail)
+    assert budget.measure_costs(target, head, **grid).verify == costs.verify
+    with pytest.raises(AssertionError):  # a grid the cache does not cover is measured
+        budget.measure_costs(target, head, **{**grid, "ns": (1, 2, 4, 8)})
+    path.write_text("{broken")
+    assert budget.load_costs(costs.key) is None
+
+
+def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "cache_dir", lambda: tmp_path)
+    base = DecodeConfig(max_new_tokens=7)
+    cfg, report = budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
+                                     repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
+    assert cfg.max_new_tokens == 7 and cfg.draft_vocab == 0  # a random head has no token counts
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k) == tuple(report["chosen"][k] for k in ("total_tokens", "depth",
+                                                                                          "top_k"))
+    assert cfg.total_tokens in (2, 8, 16) and cfg.top_k in (1, 4)
+    assert report["calibration_rounds"] > 0 and report["top"][0]["tokens_per_s"] > 0
