@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 
 from .config import DecodeConfig
-from .draft import Candidates, Drafter, draft_dynamic, draft_static
+from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
 from .target import Target
 from .trace import NodeRecord, StepRecord
@@ -71,10 +71,10 @@ class Decoder:
             raise ValueError(f"mode {config.mode!r} needs a draft head")
         self.texts = TokenTexts(target.tokenizer)
         self.eos = torch.tensor(sorted(target.eos_ids), dtype=torch.long)
-        self.static_shape = None
+        self.static_plan = None
         if config.mode == "static":
             shape = static_paths_to_tree_shape(load_static_paths())
-            self.static_shape = tuple(t.to(target.device) for t in shape)
+            self.static_plan = StaticPlan.build(*shape, device=target.device)
             if 0 < config.draft_vocab <= int(shape[1].max()):
                 raise ValueError(f"draft_vocab {config.draft_vocab} is smaller than the static tree's "
                                  f"widest node ({int(shape[1].max()) + 1} children)")
@@ -103,7 +103,8 @@ class Decoder:
         self.generator = torch.Generator().manual_seed(cfg.seed)  # CPU: acceptance runs on the host
         self.drafter = None
         if cfg.mode != "vanilla":
-            extra = cfg.depth * cfg.top_k + (0 if self.static_shape is None else self.static_shape[0].numel())
+            static_nodes = 0 if self.static_plan is None else self.static_plan.parents.numel()
+            extra = cfg.depth * cfg.top_k + static_nodes  # draft slots for tree nodes past the prefix
             self.drafter = Drafter(self.head, tgt.model.lm_head.weight, self.max_len + extra, cfg.draft_vocab)
 
     def _prefill(self, prompt_ids: list[int]) -> tuple[StepRecord, int]:
@@ -149,9 +150,9 @@ class Decoder:
         dev = self.target.device
         if self.drafter is None or budget == 1:
             return None, None, build_tree(torch.tensor([root], device=dev), torch.tensor([-1], device=dev))
-        if self.static_shape is not None:
+        if self.static_plan is not None:
             gen = None if self.cfg.greedy else self.generator
-            cand = draft_static(self.drafter, self.root_hidden, *self.static_shape, generator=gen)
+            cand = draft_static(self.drafter, self.root_hidden, self.static_plan, generator=gen)
             kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
         else:
             cand = draft_dynamic(self.drafter, self.root_hidden, self.cfg.depth, self.cfg.top_k)

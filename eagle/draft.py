@@ -112,45 +112,70 @@ def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k
     return Candidates.cat(parts)
 
 
-def draft_static(drafter: Drafter, root_hidden: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor,
-                 depths: torch.Tensor, generator: torch.Generator | None = None) -> Candidates:
+@dataclass(frozen=True)
+class StaticLevel:
+    """One level of a static tree, precomputed so a round needs no host syncs or index searches."""
+    nodes: torch.Tensor  # (P,) nodes of this level that have children (run through the draft)
+    rows: torch.Tensor  # (P, E+P) which expanded non-root nodes each sees (ancestors and itself)
+    kids: torch.Tensor  # (C,) their children
+    kid_row: torch.Tensor  # (C,) index into `nodes` of each kid's parent
+    kid_rank: torch.Tensor  # (C,)
+    width: int  # children drawn per node (max rank + 1)
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    parents: torch.Tensor  # (N,) root at 0
+    ranks: torch.Tensor
+    depths: torch.Tensor
+    path: torch.Tensor  # (N-1, N-1) float: ancestors-or-self among non-root nodes (path sums)
+    levels: tuple[StaticLevel, ...]
+
+    @staticmethod
+    def build(parents: torch.Tensor, ranks: torch.Tensor, depths: torch.Tensor,
+              device: torch.device | str = "cpu") -> "StaticPlan":
+        anc = ancestor_mask(parents)[:, 1:]  # (N, N-1)
+        levels, expanded = [], []
+        for level in range(int(depths.max())):
+            nodes = [i for i in range(parents.numel()) if depths[i] == level and (parents == i).any()]
+            expanded += [i - 1 for i in nodes if i > 0]
+            kids = [c for c in range(parents.numel()) if int(parents[c]) in nodes]
+            kid_row = [nodes.index(int(parents[c])) for c in kids]
+            levels.append(StaticLevel(_long(nodes, device), anc[nodes][:, expanded].to(device),
+                                      _long(kids, device), _long(kid_row, device), ranks[kids].to(device),
+                                      int(ranks[kids].max()) + 1))
+        return StaticPlan(parents.to(device), ranks.to(device), depths.to(device),
+                          anc[1:].float().to(device), tuple(levels))
+
+
+def _long(values: list[int], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def draft_static(drafter: Drafter, root_hidden: torch.Tensor, plan: StaticPlan,
+                 generator: torch.Generator | None = None) -> Candidates:
     """EAGLE-1 static tree: the node of rank r under a parent takes the parent's r-th best draft token
-    (r-th draw without replacement when sampling with `generator`). parents/ranks/depths (N,) with the
-    root at 0. Returns the N-1 non-root nodes in tree order, with q at every node for sampling."""
-    dev, n = root_hidden.device, parents.numel()
-    anc_all = ancestor_mask(parents)[:, 1:]  # (N, N-1): ancestors among non-root nodes
-    hidden = torch.zeros(n, root_hidden.shape[-1], dtype=root_hidden.dtype, device=dev)
+    (the r-th draw without replacement when sampling with `generator`, which also records q at every
+    node). Returns the N-1 non-root nodes in tree order."""
+    dev, n = root_hidden.device, plan.parents.numel()
+    hidden = root_hidden.new_zeros(n, root_hidden.shape[-1])
     hidden[0] = root_hidden[0]
     tokens = torch.zeros(n, dtype=torch.long, device=dev)
-    logp_node, q = torch.zeros(n, device=dev), torch.zeros(n, drafter.vocab_size, device=dev)
-    expanded: list[int] = []  # non-root nodes already run through the draft, in slot order
-    for level in range(int(depths.max())):
-        at_level = (depths == level).nonzero().flatten()
-        has_kids = at_level[torch.isin(at_level, parents[1:])]
-        if level > 0:
-            rows = anc_all[has_kids][:, torch.tensor(expanded + (has_kids - 1).tolist(), device=dev)]
-            hidden[has_kids] = drafter.expand(tokens[has_kids], hidden[parents[has_kids]],
-                                              drafter.cache.length + level - 1, rows)
-            expanded += (has_kids - 1).tolist()
-        logp = drafter.log_probs(hidden[has_kids])  # (P, K)
-        q[has_kids] = drafter.full_probs(logp)
-        _pick_children(drafter, logp, has_kids, parents, ranks, tokens, logp_node, generator)
-    scores = (anc_all[1:].float() @ logp_node[1:, None]).squeeze(-1)  # sum of logp along each path
-    return Candidates(tokens[1:], parents[1:] - 1, depths[1:], logp_node[1:], scores, ranks[1:], q)
-
-
-def _pick_children(drafter: Drafter, logp: torch.Tensor, expanded: torch.Tensor, parents: torch.Tensor,
-                   ranks: torch.Tensor, tokens: torch.Tensor, logp_node: torch.Tensor,
-                   generator: torch.Generator | None) -> None:
-    """Fill tokens/logp of the children of `expanded` (P,) nodes: the rank-r child takes the r-th
-    top-k token (or the r-th draw without replacement from q when sampling)."""
-    kids = torch.isin(parents, expanded).nonzero().flatten()  # (C,)
-    row = torch.searchsorted(expanded, parents[kids])  # (C,) which expanded node is each kid's parent
-    k = int(ranks[kids].max()) + 1
-    if generator is None:
-        choice = logp.topk(k, dim=-1).indices  # (P, k)
-    else:
-        choice = sample_children_without_replacement(logp.exp(), k, generator)
-    picked = choice[row, ranks[kids]]  # (C,)
-    tokens[kids] = drafter.full_ids(picked)
-    logp_node[kids] = logp[row, picked]
+    logp_node = torch.zeros(n, device=dev)
+    q = None if generator is None else torch.zeros(n, drafter.vocab_size, device=dev)
+    for depth, lv in enumerate(plan.levels):
+        if depth > 0:
+            hidden[lv.nodes] = drafter.expand(tokens[lv.nodes], hidden[plan.parents[lv.nodes]],
+                                              drafter.cache.length + depth - 1, lv.rows)
+        logp = drafter.log_probs(hidden[lv.nodes])  # (P, K)
+        if generator is None:
+            choice = logp.topk(lv.width, dim=-1).indices  # (P, width)
+        else:
+            q[lv.nodes] = drafter.full_probs(logp)
+            choice = sample_children_without_replacement(logp.exp().cpu(), lv.width, generator).to(dev)
+        picked = choice[lv.kid_row, lv.kid_rank]  # (C,)
+        tokens[lv.kids] = drafter.full_ids(picked)
+        logp_node[lv.kids] = logp[lv.kid_row, picked]
+    scores = plan.path @ logp_node[1:]  # sum of logp along each path
+    return Candidates(tokens[1:], plan.parents[1:] - 1, plan.depths[1:], logp_node[1:], scores,
+                      plan.ranks[1:], q)
