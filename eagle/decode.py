@@ -70,7 +70,7 @@ class Decoder:
         if config.mode != "vanilla" and head is None:
             raise ValueError(f"mode {config.mode!r} needs a draft head")
         self.texts = TokenTexts(target.tokenizer)
-        self.eos = torch.tensor(sorted(target.eos_ids), dtype=torch.long)
+        self.eos = frozenset(target.eos_ids)
         self.static_plan = None
         if config.mode == "static":
             shape = static_paths_to_tree_shape(load_static_paths())
