@@ -18,6 +18,7 @@ paper's shortcut, 1 + alpha * (sum of kept values) with alpha fitted on the same
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -423,25 +424,52 @@ def vocab_masks(head: DraftHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarra
     return out
 
 
-def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
-                vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
-                ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS) -> tuple[DecodeConfig, dict]:
-    """The budget with the most expected tokens/s on this machine: (config, report). Costs come
-    from the per-machine cache (measured once, ~a minute on a CPU); calibration decodes a few prompts."""
+def head_fingerprint(head: DraftHead) -> str:
+    """A short hash of the head's weights: a retrained head gets a new auto budget."""
+    return hashlib.sha1(head.fc.weight.detach().float().cpu().numpy().tobytes()).hexdigest()[:12]
+
+
+def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, vocabs: tuple[int, ...],
+                 repeats: int, max_new_tokens: int, ns: tuple[int, ...], top_ks: tuple[int, ...]) -> dict:
     masks = vocab_masks(head, vocabs)
     costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats)
     samples = calibrate(target, head, prompts or calibration_prompts(), max_new_tokens)
     model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
-    choices = [choose_budget(costs, model, v) for v in masks]
-    n, depth, k, table = max(choices, key=lambda c: c[3][0]["tokens_per_s"])
+    choices = [choose_budget(costs, model, v)[3] for v in masks]
+    table = max(choices, key=lambda t: t[0]["tokens_per_s"])
     best = table[0]
-    cfg = base_cfg.with_(total_tokens=n, depth=depth, top_k=k, draft_vocab=best["draft_vocab"])
-    report = {"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
-              "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
-              "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
-              "calibration_rounds": len(samples),
-              "calibration_accept_length": float(np.mean([s.accept_length for s in samples])),
-              "costs_key": costs.key, "costs_file": str(cost_path(costs.key)),
-              "best_per_vocab": sorted((c[3][0] for c in choices), key=lambda r: -r["tokens_per_s"]),
-              "top": table[:5]}
-    return cfg, report
+    return {"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
+            "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
+            "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
+            "calibration_rounds": len(samples),
+            "calibration_accept_length": float(np.mean([s.accept_length for s in samples])),
+            "costs_key": costs.key, "costs_file": str(cost_path(costs.key)),
+            "best_per_vocab": sorted((t[0] for t in choices), key=lambda r: -r["tokens_per_s"]), "top": table[:5]}
+
+
+def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
+                vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
+                ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
+                refresh: bool = False) -> tuple[DecodeConfig, dict]:
+    """The budget with the most expected tokens/s on this machine: (config, report). The first call
+    measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
+    per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
+    settings = json.dumps([prompts, vocabs, max_new_tokens, ns, top_ks])
+    fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
+    path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
+    report = None if refresh else _read_json(path)
+    if report is None:
+        report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    report = {**report, "auto_file": str(path)}
+    return base_cfg.with_(**report["chosen"]), report
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing or half-written: compute again
+        return None

@@ -249,7 +249,6 @@ def reduced_lm_weight(target: Target, counts: torch.Tensor, vocab_k: int) -> tor
     return weight[torch.topk(counts, vocab_k).indices.sort().values.to(weight.device)].contiguous()
 
 
-
 def _top1_matches(pred: torch.Tensor, target: torch.Tensor, lm_full: torch.Tensor, chunk: int = 512) -> int:
     """Positions where argmax of the draft logits equals argmax of the target logits (full vocab),
     in row chunks so (M, V) logits never materialise at once."""

@@ -105,3 +105,10 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
                                                                                           "top_k"))
     assert cfg.total_tokens in (2, 8, 16) and cfg.top_k in (1, 4)
     assert report["calibration_rounds"] > 0 and report["top"][0]["tokens_per_s"] > 0
+
+    def fail(*args, **kwargs):
+        raise AssertionError("searched again despite the cache")
+    monkeypatch.setattr(budget, "_auto_report", fail)
+    again, cached = budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
+                                       repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
+    assert again == cfg and cached["chosen"] == report["chosen"]
