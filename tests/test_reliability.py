@@ -91,3 +91,33 @@ def test_trace_reader_fuzz(tmp_path, garbage, where):
     traces, report = read_trace(path)
     assert sum(len(t.steps) for t in traces) == 8
     assert report.skipped_lines == len(junk)
+
+
+@pytest.mark.parametrize("total_tokens, depth, top_k", [(1, 6, 10), (2, 1, 1), (5, 1, 4), (30, 4, 1)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_degenerate_budgets_still_decode_losslessly(total_tokens, depth, top_k, temperature):
+    """top_k 1, depth 1 and total_tokens 1 (a verify of the root alone) are valid budgets."""
+    target, head = tiny_pair(vocab=16, seed=5, eos=None)
+    base = DecodeConfig(max_new_tokens=40, temperature=temperature, seed=7)
+    ref = generate(Decoder(target, None, base.with_(mode="vanilla")), [1, 2, 3])
+    cfg = base.with_(mode="dynamic", total_tokens=total_tokens, depth=depth, top_k=top_k)
+    g = generate(Decoder(target, head, cfg), [1, 2, 3])
+    assert len(g.tokens) == 40
+    if temperature == 0.0:
+        assert g.tokens == ref.tokens
+    assert all(sum(n.kept for n in s.nodes) <= total_tokens for s in g.steps)
+
+
+def test_all_equal_draft_confidences_keep_a_connected_tree():
+    """A head whose output is constant gives every child the same confidence: ties everywhere."""
+    target, head = tiny_pair(vocab=16, seed=6, eos=None)
+    for p in head.layers[0].parameters():
+        p.data.zero_()
+    head.fc.weight.data.zero_()
+    head.fc.bias.data.zero_()
+    g = generate(Decoder(target, head, DecodeConfig(mode="dynamic", max_new_tokens=20, total_tokens=9,
+                                                    depth=3, top_k=3)), [1, 2, 3])
+    for step in g.steps[1:]:
+        by_id = {n.id: n for n in step.nodes}
+        assert all(by_id[n.parent].kept for n in step.nodes[1:] if n.kept)
+        assert sum(n.kept for n in step.nodes) == 9
