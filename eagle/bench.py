@@ -471,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
     p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
-                   help="auto: measure this machine and pick the dynamic tree budget (eagle.budget)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
     add_decode_args(p)
     return p
 
@@ -506,6 +506,8 @@ def _bench(args: argparse.Namespace) -> int:
     if not questions:
         raise ValueError(f"{args.dataset} holds no usable question")
     specs = parse_modes(args.modes)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target, head, source = load_pair(args, any(s.kind in ("static", "dynamic") for s in specs))
     configs, budget_report = build_configs(args, specs, target, head)
     out = args.out or ROOT / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")

@@ -28,6 +28,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=None, help=f"draft expansion steps ({d.depth})")
     p.add_argument("--top-k", type=int, default=None, help=f"children per node and beam width ({d.top_k})")
     p.add_argument("--draft-vocab", type=int, default=None, help="score only the K most frequent tokens (0 = all)")
+    p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
+                   help="auto: pick total_tokens/depth/top_k/draft_vocab from this machine's measured costs")
 
 
 def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
@@ -52,6 +54,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, args.mode)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target, head, source = load_pair(args, cfg.mode != "vanilla")
+    if args.budget == "auto" and cfg.mode == "dynamic":
+        from .budget import auto_config
+        cfg, report = auto_config(target, head, cfg)
+        print(f"budget auto: {report['chosen']} (expected {report['expected_speedup']:.2f}x vanilla)",
+              file=sys.stderr)
     ids = encode_prompt(target.tokenizer, prompt, target.max_context)
     decoder = Decoder(target, head, cfg)
     writer = TraceWriter(args.trace) if args.trace else None
