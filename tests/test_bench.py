@@ -4,7 +4,6 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from eagle.bench import load_questions, main, parse_modes
 from eagle.trace import read_trace
@@ -13,13 +12,7 @@ MODES = "vanilla,dynamic,hf,hf_pld"
 BUDGET = ["--total-tokens", "8", "--depth", "3", "--top-k", "4"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core box a 2-thread pool slows down several-fold under load."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest: OpenMP spin-waits under load
 
 
 def _bench(out, capsys, *extra):

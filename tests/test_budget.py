@@ -2,7 +2,6 @@
 accepted lengths, the per-machine cost cache, and auto_config on the real model."""
 import numpy as np
 import pytest
-import torch
 
 from eagle import budget
 from eagle.budget import AcceptModel, Costs, StepSample, choose_budget
@@ -10,13 +9,7 @@ from eagle.config import DecodeConfig
 from tests.tiny import tiny_pair
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core box a 2-thread pool slows down several-fold under load."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest: OpenMP spin-waits under load
 
 
 def _chain_model(n: int, depth: int, top_k: int, vocab: int = 0) -> float:
