@@ -169,29 +169,28 @@ class Decoder:
     def _accept(self, tree: Tree, logits: torch.Tensor, cand: Candidates | None,
                 kept: torch.Tensor | None) -> tuple[list[int], int, torch.Tensor]:
         cfg = self.cfg
+        parents = tree.parents.clamp(min=0)
         if cfg.greedy:
             accepted, bonus = accept_greedy(tree, logits)
-            probs = torch.softmax(logits.float(), dim=-1)
+            # p(token | parent) for the trace from one logsumexp: no (N, V) softmax in the hot loop.
+            lse = torch.logsumexp(logits.float(), dim=-1)  # (N,)
+            return accepted, bonus, (logits[parents, tree.tokens].float() - lse[parents]).exp()
+        probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
+        cpu_tree = tree_to(tree, "cpu")
+        if cand is None or cand.draft_probs is None:
+            conf = torch.ones(tree.num_nodes) if cand is None else \
+                torch.cat([torch.ones(1), cand.logp[kept].exp().cpu()])
+            accepted, bonus = accept_sampling_dynamic(cpu_tree, probs, conf, self.generator)
         else:
-            probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
-            cpu_tree = tree_to(tree, "cpu")
-            if cand is None or cand.draft_probs is None:
-                conf = torch.ones(tree.num_nodes) if cand is None else \
-                    torch.cat([torch.ones(1), cand.logp[kept].exp().cpu()])
-                accepted, bonus = accept_sampling_dynamic(cpu_tree, probs, conf, self.generator)
-            else:
-                q = cand.draft_probs[: tree.num_nodes].cpu()
-                accepted, bonus = accept_sampling_static(cpu_tree, probs, q, self.generator)
-        parents = tree.parents.clamp(min=0).to(probs.device)
-        node_probs = probs[parents, tree.tokens.to(probs.device)]
-        return accepted, bonus, node_probs
+            q = cand.draft_probs[: tree.num_nodes].cpu()
+            accepted, bonus = accept_sampling_static(cpu_tree, probs, q, self.generator)
+        return accepted, bonus, probs[parents.cpu(), tree.tokens.cpu()]
 
     def _commit(self, rnd: Round, features: torch.Tensor, new_tokens: list[int]) -> None:
         dev = self.target.device
         idx = torch.tensor(rnd.accepted, device=dev)
         self.t_cache.commit(self.t_cache.length + idx)
         if self.drafter is not None:  # the draft catches up with the target's real features
-            self.drafter.cache.length = self.t_cache.length - len(rnd.accepted)
             self.root_hidden = self.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
 
     # ---- helpers --------------------------------------------------------------------------------
