@@ -298,3 +298,38 @@ def _bonus_trace(bonus: NodeRecord, pos: dict[int, tuple[float, float]], limit: 
                       marker=dict(symbol="diamond", size=18, color="white",
                                   line=dict(width=3, color=ACCEPT_COLOR)),
                       hovertemplate="bonus token from the target<extra></extra>")
+
+
+# ---- the hardware-tuned budget --------------------------------------------------------------------
+def budget_figure(report: dict) -> go.Figure:
+    """Why `--budget auto` chose its tree: for the chosen depth/top_k/vocabulary, expected tokens per
+    round (tau) and the measured round cost against the tree size (top), and their ratio, expected
+    tokens/s, against vanilla decoding (bottom). `report` is eagle.budget.auto_config's report."""
+    title = "Auto budget: expected τ against measured cost"
+    curve = pd.DataFrame(report.get("curve", []))
+    if curve.empty:
+        return _empty(title, "no budget curve in this report")
+    chosen = report["chosen"]
+    vocab = chosen["draft_vocab"] or "full"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        specs=[[{"secondary_y": True}], [{}]])
+    fig.add_trace(go.Scatter(x=curve["total_tokens"], y=curve["accept_length"], name="expected τ",
+                             mode="lines+markers", line=dict(color=PALETTE[0], width=3)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=curve["total_tokens"], y=curve["round_s"] * 1000, name="round cost (ms)",
+                             mode="lines+markers", line=dict(color=PALETTE[1], width=3, dash="dash")),
+                  row=1, col=1, secondary_y=True)
+    fig.add_trace(go.Scatter(x=curve["total_tokens"], y=curve["tokens_per_s"], name="expected tokens/s",
+                             mode="lines+markers", line=dict(color=PALETTE[2], width=3)), row=2, col=1)
+    best = curve.loc[curve["tokens_per_s"].idxmax()]
+    fig.add_trace(go.Scatter(x=[best["total_tokens"]], y=[best["tokens_per_s"]], name="chosen",
+                             mode="markers", marker=dict(symbol="star", size=22, color=ACCEPT_COLOR)),
+                  row=2, col=1)
+    fig.add_hline(y=report["vanilla_tokens_per_s"], line=dict(color="#666", dash="dot"), row=2, col=1,
+                  annotation_text="vanilla", annotation_position="bottom right")
+    fig.update_xaxes(title_text="tree size (verified tokens per round)", row=2, col=1)
+    fig.update_yaxes(title_text="τ", row=1, col=1)
+    fig.update_yaxes(title_text="ms per round", row=1, col=1, secondary_y=True, showgrid=False)
+    fig.update_yaxes(title_text="tokens/s", row=2, col=1)
+    fig.update_layout(legend=dict(orientation="h", y=-0.14))
+    subtitle = f"depth {chosen['depth']}, top-k {chosen['top_k']}, draft vocabulary {vocab}"
+    return paper_layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=800)

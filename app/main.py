@@ -21,6 +21,7 @@ def main() -> None:
         st.Page(PAGES / "calibration.py", title="Calibration", icon=":material/insights:"),
         st.Page(PAGES / "acceptance.py", title="Acceptance by position", icon=":material/grid_on:"),
         st.Page(PAGES / "compare.py", title="Static vs dynamic", icon=":material/compare:"),
+        st.Page(PAGES / "budget.py", title="Tree budget", icon=":material/tune:"),
     ])
     nav.run()
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
+from eagle.config import DecodeConfig
 from eagle.head import DraftHead, resolve_head
 from eagle.target import DEFAULT_MODEL, ModelLoadError, Target, load_target
 from eagle.trace import Trace
@@ -63,6 +64,36 @@ def get_models() -> Models:
         box.update(label=f"Loaded {spec[0]} with a {models.head_label}", state="complete", expanded=False)
     _READY.add(spec)
     return models
+
+
+@st.cache_resource(show_spinner=False)
+def _auto_budget(spec: tuple[str, str], refresh_count: int, _models: Models) -> dict:
+    """The auto-budget report for the loaded pair (eagle.budget caches it on disk per machine, so
+    this only measures on the first run ever). Holds the model lock: timings need an idle model."""
+    from eagle.budget import auto_config
+    with _models.lock:
+        return auto_config(_models.target, _models.head, DecodeConfig(), refresh=refresh_count > 0)[1]
+
+
+def auto_budget(models: Models, refresh: bool = False) -> dict:
+    """The chosen budget and the curve behind it; `refresh` measures this machine again."""
+    spec = (os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto"))
+    if refresh:
+        _BUDGET_REFRESHES[spec] = _BUDGET_REFRESHES.get(spec, 0) + 1
+    with st.status("Choosing the tree budget for this machine…", expanded=False) as box:
+        st.write("The first time ever, this measures the verify and draft costs and calibrates on three "
+                 "prompts (about a minute); afterwards it is read from the cache.")
+        report = _auto_budget(spec, _BUDGET_REFRESHES.get(spec, 0), models)
+        box.update(label=f"Tree budget: {budget_label(report['chosen'])}", state="complete")
+    return report
+
+
+def budget_label(chosen: dict) -> str:
+    vocab = chosen["draft_vocab"] or "full"
+    return f"{chosen['total_tokens']} tokens, depth {chosen['depth']}, top-k {chosen['top_k']}, vocabulary {vocab}"
+
+
+_BUDGET_REFRESHES: dict[tuple[str, str], int] = {}
 
 
 def session_traces() -> list[Trace]:

@@ -91,6 +91,7 @@ class ModeSpec:
     label: str  # as given on the command line, e.g. "dynamic:16/4/4/8192"
     kind: str  # one of KINDS
     overrides: tuple[tuple[str, int], ...] = ()
+    budget: str = "fixed"  # "auto" / "adaptive" for dynamic:auto and dynamic:adaptive
 
     @property
     def slug(self) -> str:
@@ -104,10 +105,14 @@ def parse_modes(text: str) -> list[ModeSpec]:
         if kind not in KINDS:
             raise ValueError(f"unknown mode {kind!r}: choose from {', '.join(KINDS)}")
         overrides: tuple[tuple[str, int], ...] = ()
+        if kind == "dynamic" and budget in ("auto", "adaptive"):
+            specs.append(ModeSpec(label, kind, (), budget))
+            continue
         if budget:
             parts = budget.split("/")
             if kind not in ("static", "dynamic") or not 3 <= len(parts) <= 4 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"mode {label!r}: a budget is static|dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB]")
+                raise ValueError(f"mode {label!r}: a budget is static|dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB], "
+                                 "dynamic:auto or dynamic:adaptive")
             overrides = tuple(zip(BUDGET_FIELDS, map(int, parts)))
         specs.append(ModeSpec(label, kind, overrides))
     if not specs or len({s.label for s in specs}) != len(specs):
@@ -170,14 +175,19 @@ class Bench:
     """The models, one runner per mode, and the trace header each generation gets."""
 
     def __init__(self, target: Target, head, head_source: str | None, configs: dict[str, DecodeConfig],
-                 specs: list[ModeSpec]) -> None:
+                 specs: list[ModeSpec], costs: dict | None = None) -> None:
         self.target, self.head, self.head_source, self.specs = target, head, head_source, specs
-        self.configs = configs
+        self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
         self.hf = {s.label: HFRunner(target, configs[s.label], s.kind) for s in specs if s.kind in HF_MODES}
 
     def config_dict(self, spec: ModeSpec) -> dict:
         cfg = self.configs[spec.label]
-        return hf_config(cfg, spec.kind) if spec.kind in HF_MODES else asdict(cfg)
+        if spec.kind in HF_MODES:
+            return hf_config(cfg, spec.kind)
+        costs = self.costs.get(spec.label)
+        # lists, not tuples: the dict must equal its JSON round trip for resume to recognise it
+        return {**asdict(cfg), "adaptive_costs": {**asdict(costs), "verify": list(costs.verify)}} if costs \
+            else asdict(cfg)
 
     def run(self, spec: ModeSpec, ids: list[int],
             max_new_tokens: int | None = None) -> tuple[list[int], float, int, list[StepRecord]]:
@@ -195,7 +205,7 @@ class Bench:
         cfg = self.configs[spec.label]
         if max_new_tokens is not None:
             cfg = cfg.with_(max_new_tokens=max_new_tokens)
-        decoder = Decoder(self.target, self.head if spec.kind != "vanilla" else None, cfg)
+        decoder = Decoder(self.target, self.head if spec.kind != "vanilla" else None, cfg, self.costs.get(spec.label))
         t0 = time.perf_counter()
         g = generate(decoder, ids)
         return g.tokens, time.perf_counter() - t0, g.target_forwards, g.steps
@@ -477,25 +487,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_configs(args: argparse.Namespace, specs: list[ModeSpec], target: Target, head) -> tuple[dict, dict | None]:
-    """One DecodeConfig per mode label (hf modes keep the sampling fields); --budget auto tunes
-    the dynamic modes that carry no explicit budget."""
-    configs, report, auto = {}, None, None
+def build_configs(args: argparse.Namespace, specs: list[ModeSpec], target: Target,
+                  head) -> tuple[dict, dict | None, dict]:
+    """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
+    (or None) and the adaptive modes' round costs. dynamic:auto, and with --budget auto every dynamic
+    mode without an explicit budget, take the auto budget; dynamic:adaptive its shape with a per-round
+    size."""
+    configs, costs, report = {}, {}, None
     for spec in specs:
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
-        if args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides:
-            if auto is None:
-                from .budget import auto_config
-                auto, report = auto_config(target, head, cfg)
-                print(f"budget auto: {report['chosen']}, expected {report['expected_speedup']:.2f}x vanilla",
-                      file=sys.stderr)
-            cfg = cfg.with_(**{k: getattr(auto, k) for k in BUDGET_FIELDS})
+        tuned = spec.budget != "fixed" or (args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides)
+        if tuned:
+            from .budget import adaptive_config
+            auto_cfg, round_costs, report = adaptive_config(target, head, cfg)
+            if spec.budget == "adaptive":
+                cfg, costs[spec.label] = auto_cfg, round_costs
+            else:
+                cfg = cfg.with_(**report["chosen"])
+            print(f"{spec.label}: {asdict(cfg) if spec.budget == 'adaptive' else report['chosen']}, auto expects "
+                  f"{report['expected_speedup']:.2f}x vanilla", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
                   "falls back to the full vocabulary", file=sys.stderr)
         configs[spec.label] = cfg
-    return configs, report
+    return configs, report, costs
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -509,9 +525,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target, head, source = load_pair(args, any(s.kind in ("static", "dynamic") for s in specs))
-    configs, budget_report = build_configs(args, specs, target, head)
+    configs, budget_report, costs = build_configs(args, specs, target, head)
     out = args.out or ROOT / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    plan, bench = Plan(questions, args.turns, specs, out), Bench(target, head, source, configs, specs)
+    plan, bench = Plan(questions, args.turns, specs, out), Bench(target, head, source, configs, specs, costs)
     done: dict[Key, Result] = {}
     for spec in specs:
         done.update(load_store(plan.trace_path(spec), bench.config_dict(spec)))

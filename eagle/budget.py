@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .adaptive import RoundCosts
 from .config import DecodeConfig
 from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
 from .draft import Drafter, draft_dynamic
@@ -43,11 +44,12 @@ from .tree import rerank
 
 NS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 TOP_KS = (1, 2, 4, 6, 8, 10)
-VOCABS = (0, 16384, 8192, 4096)
+VOCABS = (0, 32768, 16384, 8192, 4096)
 CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers every budget searched
 PREFIX_LEN = 192  # a typical MT-bench prefix mid-answer (prompt ~60-120 tokens + part of the answer)
 DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then taken as linear in depth
 COSTS_VERSION = 1
+AUTO_REPORT_VERSION = 2  # bump when the auto report gains fields: cached reports are then recomputed
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -438,7 +440,10 @@ def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, voc
     choices = [choose_budget(costs, model, v)[3] for v in masks]
     table = max(choices, key=lambda t: t[0]["tokens_per_s"])
     best = table[0]
-    return {"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
+    same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
+    return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
+            "vanilla_tokens_per_s": 1.0 / costs.t_verify(1),
+            "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
             "calibration_rounds": len(samples),
@@ -454,7 +459,7 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
     """The budget with the most expected tokens/s on this machine: (config, report). The first call
     measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
     per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
-    settings = json.dumps([prompts, vocabs, max_new_tokens, ns, top_ks])
+    settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
     fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
     report = None if refresh else _read_json(path)
@@ -466,6 +471,25 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
         os.replace(tmp, path)
     report = {**report, "auto_file": str(path)}
     return base_cfg.with_(**report["chosen"]), report
+
+
+def adaptive_costs(report: dict) -> RoundCosts:
+    """The per-round size model for the auto report's draft shape: verify costs by size, the shape's
+    drafting cost, and the path-value calibration alpha."""
+    curve = report["curve"]
+    measured = {int(n): t for n, t in report["t_verify"].items()}
+    best = next(r for r in curve if r["total_tokens"] == report["chosen"]["total_tokens"])
+    fixed = best["round_s"] - measured[best["total_tokens"]]
+    return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve))
+
+
+def adaptive_config(target: Target, head: DraftHead, base_cfg: DecodeConfig,
+                    **auto_kwargs) -> tuple[DecodeConfig, RoundCosts, dict]:
+    """The auto budget's draft shape with an adaptive tree size: total_tokens becomes the cap (the
+    largest size the shape can fill), and each round picks its own size up to it."""
+    cfg, report = auto_config(target, head, base_cfg, **auto_kwargs)
+    costs = adaptive_costs(report)
+    return cfg.with_(total_tokens=len(costs.verify)), costs, report
 
 
 def _read_json(path: Path) -> dict | None:

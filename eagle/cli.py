@@ -28,8 +28,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=None, help=f"draft expansion steps ({d.depth})")
     p.add_argument("--top-k", type=int, default=None, help=f"children per node and beam width ({d.top_k})")
     p.add_argument("--draft-vocab", type=int, default=None, help="score only the K most frequent tokens (0 = all)")
-    p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
-                   help="auto: pick total_tokens/depth/top_k/draft_vocab from this machine's measured costs")
+    p.add_argument("--budget", choices=("fixed", "auto", "adaptive"), default=None,
+                   help="auto: pick total_tokens/depth/top_k/draft_vocab from this machine's measured costs "
+                        "(default on CPU unless --preset or a tree flag is given; fixed on CUDA); adaptive: "
+                        "auto's draft shape, with each round's tree size chosen from its path values")
 
 
 def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
@@ -38,6 +40,16 @@ def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
                  if getattr(args, k) is not None}
     return base.with_(mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=args.seed, **overrides)
+
+
+def budget_mode(args: argparse.Namespace, device_type: str) -> str:
+    """--budget as given; otherwise auto on a CPU (the GPU-tuned defaults lose to vanilla there)
+    unless the user chose the tree with --preset or an explicit size flag."""
+    if args.budget:
+        return args.budget
+    explicit = args.preset or any(getattr(args, k) is not None for k in ("total_tokens", "depth", "top_k",
+                                                                         "draft_vocab"))
+    return "auto" if device_type == "cpu" and not explicit else "fixed"
 
 
 def load_pair(args: argparse.Namespace, need_head: bool):
@@ -54,13 +66,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, args.mode)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target, head, source = load_pair(args, cfg.mode != "vanilla")
-    if args.budget == "auto" and cfg.mode == "dynamic":
-        from .budget import auto_config
-        cfg, report = auto_config(target, head, cfg)
-        print(f"budget auto: {report['chosen']} (expected {report['expected_speedup']:.2f}x vanilla)",
-              file=sys.stderr)
-    ids = encode_prompt(target.tokenizer, prompt, target.max_context)
-    decoder = Decoder(target, head, cfg)
+    ids = encode_prompt(target.tokenizer, prompt, target.max_context)  # bad prompts fail before tuning
+    costs = None
+    budget = budget_mode(args, target.device.type)
+    if cfg.mode == "dynamic" and budget != "fixed":
+        from .budget import adaptive_config
+        auto_cfg, round_costs, report = adaptive_config(target, head, cfg)
+        cfg, costs = (auto_cfg, round_costs) if budget == "adaptive" else (cfg.with_(**report["chosen"]), None)
+        print(f"budget {budget}: {report['chosen']} (auto expects {report['expected_speedup']:.2f}x vanilla; "
+              f"--budget fixed for the flags' values)", file=sys.stderr)
+    decoder = Decoder(target, head, cfg, costs)
     writer = TraceWriter(args.trace) if args.trace else None
     if writer:
         writer.header(TraceHeader(target.name, source, asdict(cfg), prompt, len(ids)))
@@ -93,6 +108,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budget(args: argparse.Namespace) -> int:
+    """Choose (or show the cached choice of) the auto tree budget for this machine."""
+    from .budget import auto_config
+    target, head, _ = load_pair(args, need_head=True)
+    _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
+          f"{report['expected_speedup']:.2f}x vanilla ({report['vanilla_tokens_per_s']:.1f} tok/s)")
+    print("tree size  expected tau  round ms  expected tok/s")
+    for r in report["curve"]:
+        print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
+              f"{r['tokens_per_s']:14.1f}")
+    print(f"report: {report['auto_file']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     add_decode_args(g)
     g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("budget", help="choose the tree budget for this machine (cached) and show why")
+    b.add_argument("--model", default=DEFAULT_MODEL)
+    b.add_argument("--head", default="auto")
+    b.add_argument("--device", default=None)
+    b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_budget)
     for name in ("bench", "prepare", "train"):
         sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
     return parser

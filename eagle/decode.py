@@ -8,6 +8,7 @@ from typing import Iterator
 
 import torch
 
+from .adaptive import RoundCosts, best_tree_size
 from .config import DecodeConfig
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
@@ -63,12 +64,17 @@ def encode_prompt(tokenizer, prompt: str | list[dict], max_context: int, chat: b
 
 
 class Decoder:
-    """Target + optional draft head + config; `steps(prompt_ids)` yields one StepRecord per round."""
+    """Target + optional draft head + config; `steps(prompt_ids)` yields one StepRecord per round.
+    With `costs` (dynamic mode only), each round verifies as many of its best candidates as pay for
+    themselves, up to config.total_tokens (see eagle.adaptive)."""
 
-    def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig) -> None:
-        self.target, self.head, self.cfg = target, head, config.validate()
+    def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig,
+                 costs: RoundCosts | None = None) -> None:
+        self.target, self.head, self.cfg, self.costs = target, head, config.validate(), costs
         if config.mode != "vanilla" and head is None:
             raise ValueError(f"mode {config.mode!r} needs a draft head")
+        if costs is not None and config.mode != "dynamic":
+            raise ValueError("an adaptive tree size needs mode 'dynamic'")
         self.texts = TokenTexts(target.tokenizer)
         self.eos = frozenset(target.eos_ids)
         self.static_plan = None
@@ -157,6 +163,9 @@ class Decoder:
         else:
             cand = draft_dynamic(self.drafter, self.root_hidden, self.cfg.depth, self.cfg.top_k)
             kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
+            if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
+                n = best_tree_size(cand.scores[kept].exp().sort(descending=True).values, self.costs)
+                kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1)
         return cand, kept, tree_from_candidates(root, cand, kept)
 
     def _verify(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:

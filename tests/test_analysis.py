@@ -201,6 +201,23 @@ def test_figures_build_on_synthetic_traces() -> None:
     assert all(f.layout.width == 1200 for f in figs.values())
 
 
+def test_budget_figure_marks_the_best_tree_size() -> None:
+    rows = [dict(total_tokens=n, depth=2, top_k=4, draft_vocab=8192, accept_length=1 + 0.5 * math.log2(n),
+                 round_s=0.04 + 0.002 * n) for n in (2, 4, 8, 16)]
+    for r in rows:
+        r["tokens_per_s"] = r["accept_length"] / r["round_s"]
+    report = dict(curve=rows, chosen=dict(total_tokens=8, depth=2, top_k=4, draft_vocab=8192),
+                  vanilla_tokens_per_s=25.0)
+    fig = F.budget_figure(report)
+    star = next(t for t in fig.data if t.name == "chosen")
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    assert (star.x[0], star.y[0]) == (best["total_tokens"], best["tokens_per_s"])
+    cost = next(t for t in fig.data if t.name == "round cost (ms)")
+    assert list(cost.y) == pytest.approx([r["round_s"] * 1000 for r in rows])
+    assert "draft vocabulary 8192" in fig.layout.title.text
+    assert "no budget curve" in F.budget_figure({}).layout.annotations[0].text
+
+
 def test_markdown_table() -> None:
     md = to_markdown(pd.DataFrame({"a": [1, 2], "b": [0.5, float("nan")], "c": ["x|y", None]}))
     assert md.splitlines() == ["| a | b | c |", "|---:|---:|---|", "| 1 | 0.500 | x\\|y |", "| 2 |  |  |"]

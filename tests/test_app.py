@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from eagle.target import DEFAULT_MODEL
 from eagle.trace import read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +29,10 @@ def _page(name: str) -> AppTest:
 
 
 def _set(at: AppTest, prefix: str, **values) -> None:
+    """Set sidebar number inputs; tree sizes need the manual budget (auto hides them)."""
+    radio = at.sidebar.radio(key=f"{prefix}_budget")
+    if radio.value != "manual":
+        radio.set_value("manual").run()
     for name, value in values.items():
         at.sidebar.number_input(key=f"{prefix}_{name}").set_value(value)
 
@@ -46,11 +51,18 @@ def _no_trouble(at: AppTest) -> None:
 
 
 @pytest.fixture(scope="module")
-def live() -> AppTest:
-    """The router, a typed prompt, small settings: one real generation."""
+def live(target) -> AppTest:
+    """The router, a typed prompt, small settings: one real generation. The auto budget is chosen
+    first, outside AppTest's per-run timeout (scripts/setup.sh has usually cached it already)."""
+    from eagle.budget import auto_config
+    from eagle.config import DecodeConfig
+    from eagle.head import resolve_head
+    auto_config(target, resolve_head(target, "auto")[0], DecodeConfig())
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     _no_trouble(at)
     assert "Type a prompt" in at.info[0].value
+    assert at.sidebar.radio(key="live_budget").value == "auto"  # the machine-tuned tree by default
+    assert any(c.value.startswith("Expected ") for c in at.sidebar.caption)
     _set(at, "live", **SMALL)
     _type_prompt(at, "Name three colours.")
     at.run()
@@ -177,6 +189,27 @@ def test_compare_runs_both_modes():
     assert len(at.get("plotly_chart")) == 3  # two trees and the accepted-length histogram
     at.slider(key=f"cmp_step_static_{at.session_state['cmp_run_id']}").set_value(1).run()
     _no_trouble(at)
+
+
+def test_budget_page_shows_the_choice_and_curve():
+    at = _page("budget").run()
+    _no_trouble(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Chosen tree"].startswith(tuple(f"{n} tokens" for n in range(2, 65)))
+    assert metrics["Expected speedup over vanilla"].endswith("x")
+    assert "Auto budget" in at.get("plotly_chart")[0].proto.spec
+    assert len(at.dataframe) == 2
+
+
+def test_auto_budget_drives_the_live_config(live):
+    from app import state
+    radio = live.sidebar.radio(key="live_budget")
+    radio.set_value("auto").run()
+    _no_trouble(live)
+    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto"))["chosen"]
+    config = live.session_state["live_run"].header.config
+    assert {k: config[k] for k in chosen} == chosen
+    radio.set_value("manual").run()
 
 
 def test_compare_empty_prompt_is_an_error():

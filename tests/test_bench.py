@@ -98,3 +98,37 @@ def test_mode_specs():
     for bad in ("turbo", "hf:8/3/4", "dynamic:8/3", "vanilla,vanilla", ""):
         with pytest.raises(ValueError):
             parse_modes(bad)
+
+
+def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
+    """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
+    lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
+    from eagle import budget
+    from eagle.config import DecodeConfig
+    chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
+    curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
+             for n in (2, 4, 8)]
+    report = dict(chosen=chosen, curve=curve, t_verify={"1": 0.04, "2": 0.045, "4": 0.05, "8": 0.07},
+                  alpha=1.0, expected_speedup=1.1)
+    monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
+    modes = "vanilla,dynamic:auto,dynamic:adaptive"
+    args = ["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
+            "--head", "random", "--out", str(tmp_path), "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["mismatches"] == {"dynamic:auto": 0, "dynamic:adaptive": 0}
+    auto = read_trace(tmp_path / "traces" / "dynamic-auto.jsonl")[0][0].header.config
+    adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
+    assert {k: auto[k] for k in chosen} == chosen
+    assert adaptive["total_tokens"] == 8 and len(adaptive["adaptive_costs"]["verify"]) == 8
+    assert DecodeConfig(**{k: v for k, v in auto.items()}).depth == 2
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["resumed"] == 3
+
+
+def test_auto_mode_specs():
+    specs = parse_modes("dynamic:auto,dynamic:adaptive")
+    assert [(s.kind, s.budget, s.slug) for s in specs] == [("dynamic", "auto", "dynamic-auto"),
+                                                           ("dynamic", "adaptive", "dynamic-adaptive")]
+    with pytest.raises(ValueError):
+        parse_modes("static:auto")

@@ -98,6 +98,11 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
                                                                                           "top_k"))
     assert cfg.total_tokens in (2, 8, 16) and cfg.top_k in (1, 4)
     assert report["calibration_rounds"] > 0 and report["top"][0]["tokens_per_s"] > 0
+    curve = report["curve"]  # the chosen shape at every tree size: what the dashboard plots
+    assert [r["total_tokens"] for r in curve] == sorted(r["total_tokens"] for r in curve)
+    assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
+    assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
+    assert report["vanilla_tokens_per_s"] == pytest.approx(1 / report["t_verify"]["1"])
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")

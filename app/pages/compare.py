@@ -73,7 +73,7 @@ def main() -> None:
     st.title("Static vs dynamic")
     models = state.get_models()
     state.show_head_badge(models)
-    cfg, error = settings_form("cmp", modes=False)
+    cfg, error = settings_form("cmp", modes=False, auto=lambda: state.auto_budget(models))
     prompt = st.text_input("Prompt", key="cmp_prompt", placeholder="Write a haiku about draft trees.")
     clicked = st.button("Run both modes", key="cmp_run", type="primary")
     if error:

@@ -101,7 +101,7 @@ def main() -> None:
     st.title("Live explorer")
     models = state.get_models()
     state.show_head_badge(models)
-    cfg, error = settings_form("live")
+    cfg, error = settings_form("live", auto=lambda: state.auto_budget(models))
     prompt = prompt_box()
     if error:
         st.error(error)
