@@ -232,6 +232,23 @@ def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple
     return Costs(cost_key(target), {n: t[f"v{n}"] for n in ns}, draft, t["overhead"], meta)
 
 
+STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
+
+
+def probe_t1(target: Target, head: DraftHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
+    """A quick (~1 s) timing of a one-token verify, to check a cached measurement against."""
+    probe = _Probe(target, head, prefix_len, 1)
+    with torch.inference_mode():
+        return _time_interleaved({"v1": probe.verify(1)}, repeats, "check costs")["v1"]
+
+
+def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
+    """True when the cache is much slower than this machine is now: it was timed while other work
+    shared the cores, so its choice is wrong. The opposite (slower now) keeps the cache: the least
+    loaded measurement is the better reference."""
+    return cached_t1 > STALE_RATIO * fresh_t1
+
+
 def measure_costs(target: Target, head: DraftHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
                   vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
                   refresh: bool = False) -> Costs:
@@ -240,7 +257,8 @@ def measure_costs(target: Target, head: DraftHead, ns: tuple[int, ...] = NS, top
     target has the same shape, so the same cost)."""
     key = cost_key(target)
     cached = None if refresh else load_costs(key)
-    if cached is not None and cached.covers(ns, top_ks, vocabs):
+    if cached is not None and cached.covers(ns, top_ks, vocabs) and \
+            not measured_under_load(cached.t_verify(1), probe_t1(target, head, prefix_len)):
         return cached
     costs = _measure(target, head, ns, top_ks, vocabs, repeats, prefix_len)
     costs.meta["file"] = str(save_costs(costs))
@@ -432,9 +450,11 @@ def head_fingerprint(head: DraftHead) -> str:
 
 
 def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, vocabs: tuple[int, ...],
-                 repeats: int, max_new_tokens: int, ns: tuple[int, ...], top_ks: tuple[int, ...]) -> dict:
+                 repeats: int, max_new_tokens: int, ns: tuple[int, ...], top_ks: tuple[int, ...],
+                 refresh: bool = False) -> dict:
     masks = vocab_masks(head, vocabs)
-    costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats)
+    costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats,
+                          refresh=refresh)
     samples = calibrate(target, head, prompts or calibration_prompts(), max_new_tokens)
     model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
     choices = [choose_budget(costs, model, v)[3] for v in masks]
@@ -463,8 +483,10 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
     fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
     report = None if refresh else _read_json(path)
+    if report is not None and measured_under_load(report["t_verify"]["1"], probe_t1(target, head)):
+        report, refresh = None, True  # its costs were timed under load: measure and choose again
     if report is None:
-        report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks)
+        report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")

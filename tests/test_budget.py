@@ -80,12 +80,30 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
 
     def fail(*args, **kwargs):
         raise AssertionError("measured again despite the cache")
+    real_measure = budget._measure
     monkeypatch.setattr(budget, "_measure", fail)
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1))  # the machine as measured
     assert budget.measure_costs(target, head, **grid).verify == costs.verify
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1) * 3)  # busier now: keep
+    assert budget.measure_costs(target, head, **grid).verify == costs.verify
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1) / 3)  # cache timed under load
+    calls = []
+    monkeypatch.setattr(budget, "_measure", lambda *a, **k: calls.append(1) or real_measure(*a, **k))
+    budget.measure_costs(target, head, **grid)
+    assert calls == [1]  # measured again (and saved)
+    monkeypatch.setattr(budget, "_measure", fail)
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: budget.load_costs(costs.key).t_verify(1))
     with pytest.raises(AssertionError):  # a grid the cache does not cover is measured
         budget.measure_costs(target, head, **{**grid, "ns": (1, 2, 4, 8)})
     path.write_text("{broken")
     assert budget.load_costs(costs.key) is None
+
+
+def test_a_cache_timed_under_load_is_stale():
+    assert budget.measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
+    assert not budget.measured_under_load(0.045, 0.042) and not budget.measured_under_load(0.042, 0.30)
+    target, head = tiny_pair(vocab=12)
+    assert 0 < budget.probe_t1(target, head, prefix_len=8, repeats=2) < 1
 
 
 def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatch):
@@ -106,7 +124,12 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: report["t_verify"]["1"])
     monkeypatch.setattr(budget, "_auto_report", fail)
     again, cached = budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
                                        repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
     assert again == cfg and cached["chosen"] == report["chosen"]
+    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: report["t_verify"]["1"] / 2)  # cache was loaded
+    with pytest.raises(AssertionError, match="searched again"):
+        budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
+                           ns=(1, 2, 8, 16), top_ks=(1, 4))
