@@ -44,12 +44,18 @@ def _load_models(model: str, head: str) -> Models:
 
 
 _READY: set[tuple[str, str]] = set()  # pairs loaded in this process: skip the progress box for them
+_BUDGET_REFRESHES: dict[tuple[str, str], int] = {}  # "measure again" clicks per pair: a new cache key
+
+
+def model_spec() -> tuple[str, str]:
+    """(model, head) to serve: EAGLE_MODEL / EAGLE_HEAD, else the embedded default and its head."""
+    return os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto")
 
 
 def get_models() -> Models:
     """The shared model pair; EAGLE_MODEL / EAGLE_HEAD pick another target or head directory.
     The first load shows progress; a load failure stops the page with one sentence."""
-    spec = (os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto"))
+    spec = model_spec()
     if spec in _READY:
         return _load_models(*spec)
     with st.status(f"Loading {spec[0]} and its draft head…", expanded=True) as box:
@@ -77,7 +83,7 @@ def _auto_budget(spec: tuple[str, str], refresh_count: int, _models: Models) -> 
 
 def auto_budget(models: Models, refresh: bool = False) -> dict:
     """The chosen budget and the curve behind it; `refresh` measures this machine again."""
-    spec = (os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto"))
+    spec = model_spec()
     if refresh:
         _BUDGET_REFRESHES[spec] = _BUDGET_REFRESHES.get(spec, 0) + 1
     with st.status("Choosing the tree budget for this machine…", expanded=False) as box:
@@ -92,8 +98,6 @@ def budget_label(chosen: dict) -> str:
     vocab = chosen["draft_vocab"] or "full"
     return f"{chosen['total_tokens']} tokens, depth {chosen['depth']}, top-k {chosen['top_k']}, vocabulary {vocab}"
 
-
-_BUDGET_REFRESHES: dict[tuple[str, str], int] = {}
 
 
 def session_traces() -> list[Trace]:

@@ -498,13 +498,12 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], target: Targe
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
         tuned = spec.budget != "fixed" or (args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides)
         if tuned:
-            from .budget import adaptive_config
-            auto_cfg, round_costs, report = adaptive_config(target, head, cfg)
-            if spec.budget == "adaptive":
-                cfg, costs[spec.label] = auto_cfg, round_costs
-            else:
-                cfg = cfg.with_(**report["chosen"])
-            print(f"{spec.label}: {asdict(cfg) if spec.budget == 'adaptive' else report['chosen']}, auto expects "
+            from .budget import tuned_config
+            budget = spec.budget if spec.budget != "fixed" else "auto"
+            cfg, round_costs, report = tuned_config(target, head, cfg, budget)
+            if round_costs is not None:
+                costs[spec.label] = round_costs
+            print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
                   f"{report['expected_speedup']:.2f}x vanilla", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:

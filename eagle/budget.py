@@ -463,7 +463,8 @@ def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, voc
     same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
     return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
             "vanilla_tokens_per_s": 1.0 / costs.t_verify(1),
-            "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,"chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
+            "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,
+            "chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
             "calibration_rounds": len(samples),
@@ -505,11 +506,14 @@ def adaptive_costs(report: dict) -> RoundCosts:
     return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve))
 
 
-def adaptive_config(target: Target, head: DraftHead, base_cfg: DecodeConfig,
-                    **auto_kwargs) -> tuple[DecodeConfig, RoundCosts, dict]:
-    """The auto budget's draft shape with an adaptive tree size: total_tokens becomes the cap (the
-    largest size the shape can fill), and each round picks its own size up to it."""
-    cfg, report = auto_config(target, head, base_cfg, **auto_kwargs)
+def tuned_config(target: Target, head: DraftHead, base_cfg: DecodeConfig,
+                 budget: str) -> tuple[DecodeConfig, RoundCosts | None, dict]:
+    """base_cfg with the auto budget (budget "auto"), or with auto's draft shape and an adaptive tree
+    size ("adaptive": total_tokens becomes the cap, the largest size the shape can fill, and the
+    returned round costs let each round pick its own size up to it). Also returns the auto report."""
+    cfg, report = auto_config(target, head, base_cfg)
+    if budget == "auto":
+        return cfg, None, report
     costs = adaptive_costs(report)
     return cfg.with_(total_tokens=len(costs.verify)), costs, report
 

@@ -70,9 +70,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     costs = None
     budget = budget_mode(args, target.device.type)
     if cfg.mode == "dynamic" and budget != "fixed":
-        from .budget import adaptive_config
-        auto_cfg, round_costs, report = adaptive_config(target, head, cfg)
-        cfg, costs = (auto_cfg, round_costs) if budget == "adaptive" else (cfg.with_(**report["chosen"]), None)
+        from .budget import tuned_config
+        cfg, costs, report = tuned_config(target, head, cfg, budget)
         print(f"budget {budget}: {report['chosen']} (auto expects {report['expected_speedup']:.2f}x vanilla; "
               f"--budget fixed for the flags' values)", file=sys.stderr)
     decoder = Decoder(target, head, cfg, costs)

@@ -6,7 +6,7 @@ reply with the target (greedy by default, the setting the headline numbers use) 
 mismatch. Only the first user turn is kept: the reply to it is what MT-bench first turns measure.
 
 The output is ShareGPT-format JSONL, one record per line with its conversation index, appended batch
-by batch, so an interrupted run resumes where it stopped and `read_sharegpt` reads it back.
+by batch, so an interrupted run resumes where it stopped; `read_distilled` reads it back.
 """
 from __future__ import annotations
 
