@@ -85,6 +85,29 @@ def load_questions(name_or_path: str | Path) -> tuple[list[Question], int]:
     return questions, bad
 
 
+def select_questions(questions: list[Question], limit: int | None = None,
+                     per_category: int | None = None) -> list[Question]:
+    """The first `per_category` questions of each category (file order kept), then the first `limit`.
+
+    MT-bench lists its 80 questions category by category, so `--limit 10` alone is ten writing
+    prompts: the category EAGLE accepts least. `--per-category 2` gives a sample of every category."""
+    if per_category is not None:
+        if per_category < 1:
+            raise ValueError(f"per_category must be >= 1, got {per_category}")
+        taken: dict[str, int] = {}
+        kept = []
+        for q in questions:
+            if taken.get(q.category, 0) < per_category:
+                taken[q.category] = taken.get(q.category, 0) + 1
+                kept.append(q)
+        questions = kept
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        questions = questions[:limit]
+    return questions
+
+
 # ---- modes ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModeSpec:
@@ -478,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of vanilla, static, dynamic, hf, hf_pld; a decoder mode may carry a "
                         "budget: dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB]")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="first N questions of each category (MT-bench's first 10 are all writing)")
     p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
     p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -517,7 +542,7 @@ def _bench(args: argparse.Namespace) -> int:
     questions, bad = load_questions(args.dataset)
     if bad:
         print(f"skipped {bad} bad record(s) in {args.dataset}", file=sys.stderr)
-    questions = questions[: args.limit] if args.limit is not None else questions
+    questions = select_questions(questions, args.limit, args.per_category)
     if not questions:
         raise ValueError(f"{args.dataset} holds no usable question")
     specs = parse_modes(args.modes)

@@ -42,7 +42,9 @@ from .target import Target, cache_dir
 from .trace import StepRecord, Trace
 from .tree import rerank
 
-NS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+# Dense at small n: on a CPU, BLAS switches from a GEMV-like kernel to GEMM at about 4 rows, so
+# t(n) has a step there that interpolation between sparse points would hide.
+NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 TOP_KS = (1, 2, 4, 6, 8, 10)
 VOCABS = (0, 32768, 16384, 8192, 4096)
 CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers every budget searched

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from eagle.bench import load_questions, main, parse_modes
+from eagle.bench import load_questions, main, parse_modes, select_questions
 from eagle.trace import read_trace
 
 MODES = "vanilla,dynamic,hf,hf_pld"
@@ -132,3 +132,18 @@ def test_auto_mode_specs():
                                                            ("dynamic", "adaptive", "dynamic-adaptive")]
     with pytest.raises(ValueError):
         parse_modes("static:auto")
+
+
+def test_per_category_sampling_keeps_file_order(capsys):
+    questions, _ = load_questions("mt_bench")
+    assert {q.category for q in questions[:10]} == {"writing"}  # why --limit alone is a biased sample
+    picked = select_questions(questions, per_category=2)
+    cats = [q.category for q in picked]
+    assert len(picked) == 2 * len(set(cats)) == 16
+    assert [questions.index(q) for q in picked] == sorted(questions.index(q) for q in picked)
+    assert select_questions(questions, limit=3, per_category=1) == picked[::2][:3]
+    for bad in ({"limit": 0}, {"per_category": 0}):
+        with pytest.raises(ValueError):
+            select_questions(questions, **bad)
+    assert main(["--dataset", "mt_bench", "--per-category", "0"]) == 2
+    assert "per_category must be >= 1" in capsys.readouterr().err
