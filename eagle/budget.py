@@ -48,10 +48,12 @@ NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 TOP_KS = (1, 2, 4, 6, 8, 10)
 VOCABS = (0, 32768, 16384, 8192, 4096)
 CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers every budget searched
+# Depth 0 drafts the root's children and stops: for the tiny CPU trees it saves a head forward a round.
+DEPTHS = tuple(range(0, CAL_DEPTH + 1))
 PREFIX_LEN = 192  # a typical MT-bench prefix mid-answer (prompt ~60-120 tokens + part of the answer)
 DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then taken as linear in depth
 COSTS_VERSION = 1
-AUTO_REPORT_VERSION = 2  # bump when the auto report gains fields: cached reports are then recomputed
+AUTO_REPORT_VERSION = 3  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -344,7 +346,7 @@ class AcceptModel:
     recorded rounds. vocab_masks: draft_vocab -> bool (V,) of the allowed tokens (None = all)."""
 
     def __init__(self, samples: list[StepSample], vocab_masks: dict[int, np.ndarray | None],
-                 ns: tuple[int, ...] = NS, depths: tuple[int, ...] = tuple(range(1, CAL_DEPTH + 1)),
+                 ns: tuple[int, ...] = NS, depths: tuple[int, ...] = DEPTHS,
                  top_ks: tuple[int, ...] = TOP_KS, method: str = "replay") -> None:
         if not samples:
             raise ValueError("calibration has no drafted rounds to learn from")
@@ -394,7 +396,7 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     and the whole table, best first. `model(n, depth, top_k, vocab)` gives E[accepted length];
     a budget must fit in the candidates its draft produces (top_k + depth * top_k^2)."""
     ns = ns or getattr(model, "ns", NS)
-    depths = depths or getattr(model, "depths", tuple(range(1, CAL_DEPTH + 1)))
+    depths = depths or getattr(model, "depths", DEPTHS)
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
     vanilla = 1.0 / costs.t_verify(1)  # plain decoding: one token per one-token forward
     rows = []

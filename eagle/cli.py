@@ -25,7 +25,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k-sampling", type=int, default=d.top_k_sampling, help="target top-k (0 = off)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--total-tokens", type=int, default=None, help=f"nodes verified per round ({d.total_tokens})")
-    p.add_argument("--depth", type=int, default=None, help=f"draft expansion steps ({d.depth})")
+    p.add_argument("--depth", type=int, default=None, help=f"draft expansion steps ({d.depth}; 0: only the root's children)")
     p.add_argument("--top-k", type=int, default=None, help=f"children per node and beam width ({d.top_k})")
     p.add_argument("--draft-vocab", type=int, default=None, help="score only the K most frequent tokens (0 = all)")
     p.add_argument("--budget", choices=("fixed", "auto", "adaptive"), default=None,

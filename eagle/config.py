@@ -19,7 +19,7 @@ class DecodeConfig:
     seed: int = 0
     # EAGLE-2 dynamic tree (paper: total_tokens 60, depth 6, top_k 10).
     total_tokens: int = 60  # nodes verified per round, root included
-    depth: int = 6  # expansion rounds of the draft
+    depth: int = 6  # expansion rounds of the draft (0: verify only the root's top_k children)
     top_k: int = 10  # children per expanded node and beam width
     # Reduced draft vocabulary: score only the K most frequent tokens (0 = the full vocabulary).
     draft_vocab: int = 0
@@ -33,7 +33,7 @@ class DecodeConfig:
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k_sampling >= 0, f"top_k_sampling must be >= 0, got {self.top_k_sampling}"),
             (1 <= self.total_tokens <= 1024, f"total_tokens must be in 1..1024, got {self.total_tokens}"),
-            (1 <= self.depth <= 32, f"depth must be in 1..32, got {self.depth}"),
+            (0 <= self.depth <= 32, f"depth must be in 0..32, got {self.depth}"),
             (1 <= self.top_k <= 64, f"top_k must be in 1..64, got {self.top_k}"),
             (self.draft_vocab >= 0, f"draft_vocab must be >= 0, got {self.draft_vocab}"),
         ]

@@ -53,6 +53,9 @@ def test_replay_counts_the_accepted_path_a_budget_keeps():
     blocked[[10, 11, 13, 14, 15]] = True  # c's token is outside the reduced vocabulary
     reduced = AcceptModel([_sample()], {8: blocked}, ns=(4,), depths=(2,), top_ks=(2,))
     assert reduced(4, 2, 2, 8) == 2
+    root_only = AcceptModel([_sample()], {0: None}, ns=(2, 3), depths=(0, 1), top_ks=(2,))
+    assert [root_only(n, 0, 2) for n in (2, 3)] == [2, 2]  # depth 0: a and b, no expansion
+    assert root_only(3, 1, 2) == 3
     value = AcceptModel([_sample()], {0: None}, ns=(4,), depths=(2,), top_ks=(2,), method="value")
     assert value.alpha == pytest.approx(3 / 2.43)
     assert value(4, 2, 2) == pytest.approx(1 + 3 / 2.43 * (0.9 + 0.72 + 0.36))

@@ -60,6 +60,15 @@ def test_reduced_draft_vocabulary_is_lossless(target, trained_head, vanilla_refs
         assert all(n.token in allowed for s in g.steps for n in s.nodes[1:])
 
 
+@pytest.mark.slow
+def test_depth_zero_verifies_the_roots_children_only(target, trained_head, vanilla_refs):
+    for ids, ref in vanilla_refs[:3]:
+        g = _tokens(target, trained_head, ids, mode="dynamic", max_new_tokens=128, total_tokens=3, depth=0,
+                    top_k=2, draft_vocab=4096)
+        assert g.tokens == ref
+        assert all(len(s.nodes) == 3 and {n.depth for n in s.nodes[1:]} == {1} for s in g.steps[1:])
+
+
 def test_paper_budget_is_lossless_too(target, random_head, vanilla_refs):
     ids, ref = vanilla_refs[0]
     g = _tokens(target, random_head, ids, mode="dynamic", max_new_tokens=32)  # defaults: 60 / 6 / 10

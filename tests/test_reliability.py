@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("total_tokens", 0, "total_tokens"), ("total_tokens", 5000, "total_tokens"), ("depth", 0, "depth"),
+    ("total_tokens", 0, "total_tokens"), ("total_tokens", 5000, "total_tokens"), ("depth", -1, "depth"),
     ("top_k", 0, "top_k"), ("temperature", -0.5, "temperature"), ("top_p", 0.0, "top_p"),
     ("top_p", 1.5, "top_p"), ("max_new_tokens", 0, "max_new_tokens"), ("mode", "medusa", "mode"),
 ])

@@ -106,7 +106,7 @@ def test_cli_generate_json_summary():
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "   "], "prompt is empty"),
-    (["--prompt", "hi", "--depth", "0"], "depth must be"),
+    (["--prompt", "hi", "--depth", "-1"], "depth must be"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature must be"),
     (["--prompt", "hi", "--head", "/no/such/head"], "No draft head"),
 ])
