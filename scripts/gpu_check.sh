@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU check for a lent machine (a fresh copy of the repo, no .venv): lossless greedy/sampling tests
-# on CUDA, then an 8-question MT-bench run (one per category) (vanilla, hf, dynamic) with its figures. Target: < 8 min.
+# on CUDA, then an MT-bench run of one question per category (vanilla, hf, dynamic) with its figures.
+# Target: < 8 min.
 #
 # It uses the first python whose torch sees CUDA, and `pip install`s only what is missing; PyPI may
 # be unreachable there, so install failures are tolerated and reported. The model itself must be
@@ -51,7 +52,7 @@ timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_decode.py -k "gree
   | tail -n 25 | tee "$OUT_DIR/pytest.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check: tests FAILED (or timed out)"; rc=1; }
 
-echo "== MT-bench, 10 questions, 128 new tokens, greedy =="
+echo "== MT-bench, one question per category, 128 new tokens, greedy =="
 timeout 200 "$PY" -m eagle bench --dataset mt_bench --per-category 1 --modes vanilla,hf,dynamic --model "$MODEL" \
   --out "$OUT_DIR/bench" --json > "$OUT_DIR/bench.txt" 2> "$OUT_DIR/bench.err"
 brc=$?

@@ -51,22 +51,17 @@ def test_greedy_equals_vanilla_with_trained_head(target, trained_head, vanilla_r
 
 
 @pytest.mark.slow
-def test_reduced_draft_vocabulary_is_lossless(target, trained_head, vanilla_refs):
+@pytest.mark.parametrize("total_tokens, depth, top_k", [(16, 4, 4), (3, 0, 2)])  # depth 0: root's children only
+def test_reduced_draft_vocabulary_is_lossless(target, trained_head, vanilla_refs, total_tokens, depth, top_k):
+    allowed = set(trained_head.draft_vocab_ids(4096).tolist())
     for ids, ref in vanilla_refs[:3]:
-        g = _tokens(target, trained_head, ids, mode="dynamic", max_new_tokens=128, total_tokens=16, depth=4,
-                    top_k=4, draft_vocab=4096)
+        g = _tokens(target, trained_head, ids, mode="dynamic", max_new_tokens=128, total_tokens=total_tokens,
+                    depth=depth, top_k=top_k, draft_vocab=4096)
         assert g.tokens == ref
-        allowed = set(trained_head.draft_vocab_ids(4096).tolist())
         assert all(n.token in allowed for s in g.steps for n in s.nodes[1:])
-
-
-@pytest.mark.slow
-def test_depth_zero_verifies_the_roots_children_only(target, trained_head, vanilla_refs):
-    for ids, ref in vanilla_refs[:3]:
-        g = _tokens(target, trained_head, ids, mode="dynamic", max_new_tokens=128, total_tokens=3, depth=0,
-                    top_k=2, draft_vocab=4096)
-        assert g.tokens == ref
-        assert all(len(s.nodes) == 3 and {n.depth for n in s.nodes[1:]} == {1} for s in g.steps[1:])
+        for s in g.steps[1:]:  # root + top_k + depth * top_k^2 candidates, none deeper than depth + 1
+            assert len(s.nodes) == 1 + top_k + depth * top_k ** 2
+            assert max(n.depth for n in s.nodes) == depth + 1
 
 
 def test_paper_budget_is_lossless_too(target, random_head, vanilla_refs):
