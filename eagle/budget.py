@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import statistics
 import time
@@ -38,7 +37,7 @@ from .config import DecodeConfig
 from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
 from .draft import Drafter, draft_dynamic
 from .head import DraftHead
-from .target import Target, cache_dir
+from .target import Target, cache_dir, device_name
 from .trace import StepRecord, Trace
 from .tree import rerank
 
@@ -97,17 +96,6 @@ class Costs:
 
     def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...]) -> bool:
         return set(ns) <= set(self.verify) and all(f"{k}/{v}" in self.draft for k in top_ks for v in vocabs)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    except OSError:
-        model = None
-    return f"cpu:{model or platform.processor() or platform.machine()}:{os.cpu_count()}"
 
 
 def cost_key(target: Target) -> str:

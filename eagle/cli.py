@@ -7,16 +7,28 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from .config import MODES, PRESETS, DecodeConfig
-from .target import DEFAULT_MODEL, ModelLoadError
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, dtype_name, parse_device
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Which target and head, where and at what precision: shared by generate, bench and budget."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help="default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--head", default="auto", help="draft head dir, 'auto' (shipped head) or 'random'")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="precision of the target and head; auto (default): bf16 on CUDA (fp16 without bf16), "
+                        "on a CPU the faster of fp32 and bf16 as measured once on this machine")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     """Model, head and decoding options shared by `generate` and `bench`."""
     d = DecodeConfig()
-    p.add_argument("--model", default=DEFAULT_MODEL, help="default: the embedded SmolLM2-135M-Instruct")
-    p.add_argument("--head", default="auto", help="draft head dir, 'auto' (shipped head) or 'random'")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    add_model_args(p)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="tree budget preset (paper: 60/6/10 for GPUs; cpu: tuned for this machine)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -52,10 +64,22 @@ def budget_mode(args: argparse.Namespace, device_type: str) -> str:
     return "auto" if device_type == "cpu" and not explicit else "fixed"
 
 
+def check_runtime_args(args: argparse.Namespace) -> None:
+    """Checks that need no model, run before one loads: a bad flag costs no loading time."""
+    parse_device(args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+
+
 def load_pair(args: argparse.Namespace, need_head: bool):
+    """The target at --dtype (saying on stderr how auto chose it) and, when needed, the head."""
     from .head import resolve_head
     from .target import load_target
-    target = load_target(args.model, device=args.device)
+    target = load_target(args.model, device=args.device, dtype=args.dtype)
+    if target.dtype_report:
+        print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
     head, source = resolve_head(target, args.head) if need_head else (None, None)
     return target, head, source
 
@@ -64,6 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .decode import Decoder, encode_prompt, generate
     from .trace import TraceHeader, TraceWriter
     cfg = config_from_args(args, args.mode)
+    check_runtime_args(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     target, head, source = load_pair(args, cfg.mode != "vanilla")
     ids = encode_prompt(target.tokenizer, prompt, target.max_context)  # bad prompts fail before tuning
@@ -77,11 +102,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     decoder = Decoder(target, head, cfg, costs)
     writer = TraceWriter(args.trace) if args.trace else None
     if writer:
-        writer.header(TraceHeader(target.name, source, asdict(cfg), prompt, len(ids)))
-    printed = 0
+        writer.header(TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
+                                  {"dtype": dtype_name(target.dtype), "device": target.device.type}))
 
     def on_step(record) -> bool:
-        nonlocal printed
         if writer:
             writer.step(record)
         if not args.json:
@@ -97,11 +121,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = {"text": text, "new_tokens": len(result.tokens), "seconds": round(result.seconds, 4),
                "tokens_per_second": round(result.tokens_per_second, 3), "mode": cfg.mode,
                "tau": round(result.tau, 4), "target_forwards": result.target_forwards,
-               "finished": result.finished, "head": source, "config": asdict(cfg)}
+               "finished": result.finished, "head": source, "dtype": dtype_name(target.dtype),
+               "config": asdict(cfg)}
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"\n[{cfg.mode}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
+        print(f"\n[{cfg.mode}, {dtype_name(target.dtype)}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
               f"({result.tokens_per_second:.1f} tok/s), tau {result.tau:.2f}, stop: {result.finished}",
               file=sys.stderr)
     return 0
@@ -110,11 +135,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     from .budget import auto_config
+    check_runtime_args(args)
     target, head, _ = load_pair(args, need_head=True)
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
+    report = {**report, "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}
     if args.json:
         print(json.dumps(report))
         return 0
+    why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
+    print(f"dtype: {dtype_name(target.dtype)} ({why})")
     print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
           f"{report['expected_speedup']:.2f}x vanilla ({report['vanilla_tokens_per_s']:.1f} tok/s)")
     print("tree size  expected tau  round ms  expected tok/s")
@@ -136,20 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_args(g)
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("budget", help="choose the tree budget for this machine (cached) and show why")
-    b.add_argument("--model", default=DEFAULT_MODEL)
-    b.add_argument("--head", default="auto")
-    b.add_argument("--device", default=None)
+    add_model_args(b)
     b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
-    for name in ("bench", "prepare", "train"):
+    for name in ("bench", "prepare", "train", "distill"):
         sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("bench", "prepare", "train"):
+    if argv and argv[0] in ("bench", "prepare", "train", "distill"):
         return _delegate(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:

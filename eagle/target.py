@@ -2,16 +2,22 @@
 forward path with explicit positions, mask and KV cache that returns logits and EAGLE features."""
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib.metadata
 import os
+import platform
 import shutil
+import statistics
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_model
 
+from .files import atomic_write_json, read_json_or_none
 from .kvcache import KVCache, prefix_mask
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -26,18 +32,45 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EAGLE_CACHE", Path.home() / ".cache" / "eagle2-explorer"))
 
 
-def pick_device(device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
-    """CUDA with bf16 (fp16 on GPUs without bf16) when present, else CPU with fp32."""
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+DtypeSpec = str | torch.dtype | None  # a name of DTYPE_CHOICES, a torch dtype, or None (the reference)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """The device to run on (CUDA when present), checked before any model is loaded."""
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if dtype is None:
-        if device.type == "cuda":
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        else:
-            dtype = torch.float32
-    return device, dtype
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu or cuda (cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported: use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but this machine has no CUDA GPU: use cpu")
+    return dev
+
+
+def parse_dtype(dtype: DtypeSpec, device: torch.device) -> torch.dtype | None:
+    """A torch dtype, or None for "auto on a CPU" (decided by a measurement at load time).
+
+    None (the library default) is fp32 on a CPU, the exact reference the token-for-token tests run
+    in, and bf16 on CUDA (fp16 on GPUs without bf16). "auto" is the same on CUDA and the faster of
+    fp32 and bf16, measured on this machine, on a CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in (None, *DTYPE_CHOICES):
+        raise ValueError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPE_CHOICES)}")
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return None if dtype == "auto" else torch.float32
 
 
 def default_gguf_path() -> Path:
@@ -93,6 +126,7 @@ class Target:
     model: torch.nn.Module  # a *ForCausalLM with .model.{embed_tokens, layers, norm, rotary_emb} and .lm_head
     tokenizer: object
     name: str
+    dtype_report: dict | None = field(default=None, repr=False)  # how "auto" chose the dtype
 
     @property
     def device(self) -> torch.device:
@@ -149,19 +183,94 @@ class Target:
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None) -> Target:
-    """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory."""
+                dtype: DtypeSpec = None) -> Target:
+    """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
+    dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    device, dtype = pick_device(device, dtype)
+    dev = parse_device(device)
+    chosen = parse_dtype(dtype, dev)
     path = resolve_model_path(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=chosen or torch.float32, attn_implementation="sdpa")
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"Could not load model {name_or_path!r}: {err}") from err
     base = getattr(model, "model", None)
     if not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         raise ModelLoadError(f"{name_or_path!r} is not a Llama-family causal LM "
                              "(needs model.embed_tokens, layers, norm and rotary_emb).")
-    model.to(device).eval().requires_grad_(False)
-    return Target(model=model, tokenizer=tokenizer, name=name_or_path)
+    model.to(dev).eval().requires_grad_(False)
+    target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
+    if chosen is None:  # "auto" on a CPU: time both, keep the faster
+        target.dtype_report = choose_cpu_dtype(target)
+        if target.dtype_report["chosen"] != "float32":
+            model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
+    return target
+
+
+# ---- "auto" precision on a CPU ------------------------------------------------------------------
+DTYPE_PROBE_NS = (1, 8)  # a plain decoding step and a typical small verify tree
+DTYPE_PREFIX = 192
+
+
+def _time_forward(target: Target, n_new: int, repeats: int) -> float:
+    """Median seconds of one n_new-token forward after a DTYPE_PREFIX-token prefix."""
+    cache = target.new_cache(DTYPE_PREFIX + n_new)
+    ids = torch.randint(100, 1000, (1, DTYPE_PREFIX + n_new), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(target.device)
+    target.forward(ids[:, :DTYPE_PREFIX], torch.arange(DTYPE_PREFIX, device=target.device)[None], cache, 0,
+                   logits_rows=slice(-1, None))
+    pos = torch.arange(DTYPE_PREFIX, DTYPE_PREFIX + n_new, device=target.device)[None]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        target.forward(ids[:, DTYPE_PREFIX:], pos, cache, DTYPE_PREFIX)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_dtypes(target: Target, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+                   repeats: int = 7) -> dict[str, dict[int, float]]:
+    """Forward time per dtype and token count, the dtypes interleaved round by round so a drift in
+    the machine's load hits both. Works on copies: `target` is left as it is."""
+    copies = {d: Target(copy.deepcopy(target.model).to(DTYPES[d]), target.tokenizer, target.name) for d in dtypes}
+    times: dict[str, dict[int, list[float]]] = {d: {n: [] for n in DTYPE_PROBE_NS} for d in dtypes}
+    for d in dtypes:  # warm-up: first calls allocate and pick kernels
+        _time_forward(copies[d], 1, 1)
+    for _ in range(3):
+        for d in dtypes:
+            for n in DTYPE_PROBE_NS:
+                times[d][n].append(_time_forward(copies[d], n, repeats))
+    return {d: {n: min(v) for n, v in by_n.items()} for d, by_n in times.items()}
+
+
+def choose_cpu_dtype(target: Target, refresh: bool = False) -> dict:
+    """The faster of fp32 and bf16 for this model on this CPU (least t(1) + t(8)), cached per model,
+    CPU and thread count. Returns {"chosen", "ms": {dtype: {n: ms}}, "reason", "file"}."""
+    key = f"{target.name}|{device_name(target.device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    path = cache_dir() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    report = None if refresh else read_json_or_none(path)
+    if report is None or report.get("key") != key:
+        measured = measure_dtypes(target)
+        ms = {d: {str(n): round(1000 * t, 2) for n, t in by_n.items()} for d, by_n in measured.items()}
+        chosen = min(ms, key=lambda d: sum(ms[d].values()))
+        report = {"key": key, "chosen": chosen, "ms": ms, "reason": _dtype_reason(chosen, ms)}
+        atomic_write_json(path, report)
+    return {**report, "file": str(path)}
+
+
+def _dtype_reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:
+    parts = ", ".join(f"{d}: t(1) {v['1']:.0f} ms, t(8) {v['8']:.0f} ms" for d, v in ms.items())
+    return f"{chosen} is faster on this CPU ({parts}; measured once, cached)"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model and core count: part of every cache key for measured costs."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        model = None
+    return f"cpu:{model or platform.processor() or platform.machine()}:{os.cpu_count()}"

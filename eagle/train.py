@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .head import COUNTS_FILE, DraftHead, load_head, new_head, save_head
-from .target import DEFAULT_MODEL, Target, load_target
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 
 SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
 MANIFEST = "manifest.json"
@@ -166,10 +167,11 @@ def prepare_features(target: Target, out_dir: str | Path, n_conversations: int =
 
 def _self_distill(target: Target, convs: list[Conversation], out_dir: Path, cfg: DistillConfig,
                   stats: PrepareStats, log: logging.Logger) -> list[Conversation]:
-    path = out_dir / "distill.jsonl"
-    run = regenerate(target, convs, path, cfg, log)
+    """Regenerate what the store at cfg.store (default out_dir/distill) lacks, then read it back."""
+    store = Path(cfg.store) if cfg.store else out_dir / "distill"
+    run = regenerate(target, convs, store, cfg, log)
     log.info("self-distill: %s", asdict(run))
-    convs, stats.distilled_truncated = read_distilled(path)
+    convs, stats.distilled_truncated = read_distilled(store, limit=len(convs))
     stats.distilled = len(convs)
     return convs
 
@@ -478,26 +480,46 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
 # --- command line ---------------------------------------------------------------------------------
 
 
-def _add_prepare_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--conversations", type=int, default=800, help="ShareGPT conversations to read")
-    p.add_argument("--max-len", type=int, default=512, help="truncate samples to this many tokens")
-    p.add_argument("--heldout-fraction", type=float, default=0.05)
-    p.add_argument("--shard-size", type=int, default=64)
-    p.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: the packaged file)")
+def _add_distill_args(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
+    p.add_argument("--distill-dir", default=d.store or None,
+                   help="self-distillation store (default: FEATURES/distill; the committed data is "
+                        "data/distill/smollm2-135m-instruct)")
+    p.add_argument("--distill-max-new-tokens", type=int, default=d.max_new_tokens, help="reply length (%(default)s)")
+    p.add_argument("--distill-max-prompt-tokens", type=int, default=d.max_prompt_tokens,
+                   help="skip longer prompts (%(default)s)")
+    p.add_argument("--distill-batch", type=int, default=d.batch_size, help="prompts per batch (%(default)s)")
+    p.add_argument("--distill-temperature", type=float, default=d.temperature, help="0 = greedy (%(default)s)")
+
+
+def _add_prepare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conversations", type=int, default=800, help="ShareGPT conversations to read (%(default)s)")
+    p.add_argument("--max-len", type=int, default=512, help="truncate samples to this many tokens (%(default)s)")
+    p.add_argument("--heldout-fraction", type=float, default=0.05, help="(%(default)s)")
+    p.add_argument("--shard-size", type=int, default=64, help="(%(default)s)")
+    p.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: the packaged file)")
     p.add_argument("--self-distill", action="store_true",
                    help="regenerate each first reply with the target before extracting features")
-    p.add_argument("--distill-max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--distill-max-prompt-tokens", type=int, default=d.max_prompt_tokens)
-    p.add_argument("--distill-batch", type=int, default=d.batch_size)
-    p.add_argument("--distill-temperature", type=float, default=d.temperature, help="0 = greedy")
+    _add_distill_args(p)
+
+
+def _distill_config(args: argparse.Namespace) -> DistillConfig:
+    return DistillConfig(args.distill_max_new_tokens, args.distill_max_prompt_tokens, args.distill_batch,
+                         args.distill_temperature, args.seed, args.distill_dir or "")
 
 
 def _run_prepare(args: argparse.Namespace, target: Target) -> None:
-    distill = DistillConfig(args.distill_max_new_tokens, args.distill_max_prompt_tokens, args.distill_batch,
-                            args.distill_temperature, args.seed) if args.self_distill else None
     prepare_features(target, args.features, args.conversations, args.max_len, args.heldout_fraction,
-                     args.shard_size, args.seed, args.sharegpt, distill)
+                     args.shard_size, args.seed, args.sharegpt, _distill_config(args) if args.self_distill else None)
+
+
+def _run_distill(args: argparse.Namespace, target: Target) -> None:
+    """Fill a self-distillation store (no features): the long background job whose output is committed."""
+    convs, report = read_sharegpt(args.sharegpt, limit=args.conversations)
+    print(f"self-distill: {len(convs)} conversations read ({report.records_read} records); "
+          f"{target.name} in {str(target.dtype).removeprefix('torch.')}", file=sys.stderr)
+    stats = regenerate(target, convs, args.distill_dir, _distill_config(args))
+    print(json.dumps(asdict(stats)))
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -528,32 +550,42 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle", description="Train an EAGLE draft head.")
+    parser = argparse.ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = {"prepare": "extract target features", "train": "train the head", "all": "prepare + train"}
+    commands = {"prepare": "extract target features (optionally self-distilling the replies first)",
+                "train": "train the head on extracted features",
+                "distill": "regenerate ShareGPT first replies with the target into a resumable store"}
     for name, help_text in commands.items():
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--model", default=DEFAULT_MODEL)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--model", default=DEFAULT_MODEL, help="target model (%(default)s)")
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--features", default="runs/features", help="feature shard directory")
-        if name in ("prepare", "all"):
-            _add_prepare_args(p)
-        if name in ("train", "all"):
-            _add_train_args(p)
+        p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                       help="target precision; auto: bf16 on CUDA, on a CPU the faster of fp32 and bf16 as "
+                            "measured on this machine (%(default)s)")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+        p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
+        if name == "distill":
+            p.add_argument("--conversations", type=int, default=None,
+                           help="ShareGPT conversations to cover (default: all)")
+            p.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: the packaged file)")
+            _add_distill_args(p)
+            p.set_defaults(distill_dir=f"data/distill/{DEFAULT_MODEL}")
+            continue
+        p.add_argument("--features", default="runs/features", help="feature shard directory (%(default)s)")
+        (_add_prepare_args if name == "prepare" else _add_train_args)(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit("error: --threads must be >= 1")
         torch.set_num_threads(args.threads)
-    # fp32 target: features are stored in fp16 anyway, and training keeps fp32 master weights.
-    target = load_target(args.model, device=args.device, dtype=torch.float32)
-    if args.command in ("prepare", "all"):
-        _run_prepare(args, target)
-    if args.command in ("train", "all"):
-        _run_train(args, target)
+    # Features are stored in fp16 whatever the dtype; training keeps fp32 master weights and uses
+    # autocast when the target runs in bf16/fp16.
+    target = load_target(args.model, device=args.device, dtype=args.dtype)
+    if target.dtype_report:
+        print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
+    {"prepare": _run_prepare, "train": _run_train, "distill": _run_distill}[args.command](args, target)
     return 0
-

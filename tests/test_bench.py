@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest: OpenMP sp
 
 
 def _bench(out, capsys, *extra):
-    rc = main(["--dataset", "mt_bench", "--limit", "2", "--max-new-tokens", "8", "--modes", MODES,
+    rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "2", "--max-new-tokens", "8", "--modes", MODES,
                "--head", "random", "--out", str(out), "--json", *BUDGET, *extra])
     return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
@@ -54,15 +54,15 @@ def test_bench_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_changed_settings_need_a_new_out(tmp_path, capsys):
-    assert main(["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "4", "--modes", "vanilla",
+    assert main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "4", "--modes", "vanilla",
                  "--out", str(tmp_path)]) == 0
-    assert main(["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "5", "--modes", "vanilla",
+    assert main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "5", "--modes", "vanilla",
                  "--out", str(tmp_path)]) == 2
     assert "another configuration" in capsys.readouterr().err
 
 
 def test_second_turn_builds_on_the_first_answer(tmp_path, capsys):
-    rc = main(["--dataset", "mt_bench", "--limit", "1", "--turns", "2", "--max-new-tokens", "6", "--modes",
+    rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--turns", "2", "--max-new-tokens", "6", "--modes",
                "vanilla,dynamic", "--head", "random", "--out", str(tmp_path), "--json", *BUDGET])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and summary["generations"] == 4 and summary["mismatches"] == {"dynamic": 0}
@@ -95,9 +95,13 @@ def test_mode_specs():
     assert [s.kind for s in specs] == ["vanilla", "dynamic", "hf_pld"]
     assert dict(specs[1].overrides) == {"total_tokens": 24, "depth": 5, "top_k": 6, "draft_vocab": 8192}
     assert specs[1].slug == "dynamic-24-5-6-8192"
-    for bad in ("turbo", "hf:8/3/4", "dynamic:8/3", "vanilla,vanilla", ""):
+    for bad in ("turbo", "hf:8/3/4", "dynamic:8/3", "vanilla,vanilla", "", "hf@fp8", "vanilla@"):
         with pytest.raises(ValueError):
             parse_modes(bad)
+    typed = parse_modes("hf@float32,dynamic:auto@bfloat16,vanilla")
+    assert [(s.kind, s.budget, s.dtype) for s in typed] == [("hf", "fixed", "float32"), ("dynamic", "auto", "bfloat16"),
+                                                            ("vanilla", "fixed", None)]
+    assert typed[1].slug == "dynamic-auto-bfloat16"
 
 
 def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
@@ -112,7 +116,7 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
                   alpha=1.0, expected_speedup=1.1)
     monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
-    args = ["--dataset", "mt_bench", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
+    args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
             "--head", "random", "--out", str(tmp_path), "--json"]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -121,7 +125,7 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
     assert {k: auto[k] for k in chosen} == chosen
     assert adaptive["total_tokens"] == 8 and len(adaptive["adaptive_costs"]["verify"]) == 8
-    assert DecodeConfig(**{k: v for k, v in auto.items()}).depth == 2
+    assert DecodeConfig(**{k: v for k, v in auto.items() if k in DecodeConfig.__dataclass_fields__}).depth == 2
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["resumed"] == 3
 

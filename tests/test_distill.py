@@ -1,5 +1,6 @@
 """Self-distillation on the real default model: batched regeneration equals one-prompt greedy
-generation, the JSONL output resumes after a torn write, and prepare/train use it end to end."""
+generation, the store resumes window by window (bad and torn lines skipped, nothing truncated away),
+refuses other settings, and prepare/train use it end to end."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from eagle.data import _render_ids, read_sharegpt
-from eagle.distill import DistillConfig, first_exchange, generate_batch, load_done, read_distilled, regenerate
+from eagle.distill import DistillConfig, first_exchange, generate_batch, read_distilled, regenerate
+from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
 from eagle.head import load_head
 from eagle.train import _trainable_state, prepare_features, train_head
 
@@ -32,21 +34,48 @@ def test_batched_generation_equals_single_prompt_greedy(target, convs, single_th
         assert not set(reply) & target.eos_ids
 
 
-def test_regenerate_resumes_after_torn_write(target, convs, tmp_path: Path, single_thread) -> None:
-    out = tmp_path / "distill.jsonl"
-    first = regenerate(target, convs, out, CFG, progress=False)
-    assert first.regenerated + first.skipped_long == len(convs) and first.regenerated > 2
-    lines = out.read_text().splitlines(keepends=True)
-    out.write_text("".join(lines[:-2]) + lines[-2][:10])  # lose one record, tear the next
-    assert len(load_done(out)) == len(lines) - 2
-    second = regenerate(target, convs, out, CFG, progress=False)
-    assert (second.already_done, second.regenerated) == (len(lines) - 2, 2)
-    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
-    assert sorted(ids) == sorted(json.loads(line)["id"] for line in lines)
-    distilled, truncated = read_distilled(out)
-    assert len(distilled) == len(lines) and truncated == sum(json.loads(x)["truncated"] for x in lines)
-    for conv in distilled:
-        assert [t["role"] for t in conv][-2:] == ["user", "assistant"]
+def test_store_resumes_window_by_window_and_survives_bad_lines(target, convs, tmp_path: Path,
+                                                             single_thread) -> None:
+    store_dir = tmp_path / "store"
+    first = regenerate(target, convs[:5], store_dir, CFG, progress=False, window=3)
+    store = DistillStore.open(store_dir)
+    assert [(c["first_index"], c["end_index"]) for c in store.manifest["chunks"]] == [(0, 3), (3, 5)]
+    assert first.regenerated + first.skipped_long == 5 and not (store_dir / OPEN_FILE).exists()
+    sealed = {r["id"]: r for r in store.records()}
+
+    # A killed run: one finished batch of the next window in open.jsonl, a blank and a bad line in the
+    # middle, and a torn last line. Resume keeps the good record and regenerates only the rest.
+    prompts = {i: _render_ids(target.tokenizer, first_exchange(convs[i]), True) for i in range(5, len(convs))}
+    k = next(i for i, p in prompts.items() if len(p) <= CFG.max_prompt_tokens)
+    reply, cut = generate_batch(target, [prompts[k]], CFG)[0]
+    good = {"id": k, "conversations": [], "truncated": cut, "new_tokens": len(reply), "marker": True}
+    (store_dir / OPEN_FILE).write_text(json.dumps(good) + "\n\nnot json\n" + '{"id": 7, "conv')
+    read = ReadStats()
+    assert set(DistillStore.open(store_dir).read_open(read)) == {k}
+    assert read.bad_lines == 1 and read.torn_tail
+    second = regenerate(target, convs, store_dir, CFG, progress=False, window=3)
+    assert second.already_done == 5 and second.regenerated + second.skipped_long == len(convs) - 6
+    records = {r["id"]: r for r in DistillStore.open(store_dir).records()}
+    assert records[k].get("marker") and all(records[i] == r for i, r in sealed.items())
+    distilled, truncated = read_distilled(store_dir, limit=len(convs))
+    assert len(distilled) == len(records) and truncated == sum(r["truncated"] for r in records.values())
+
+
+def test_store_refuses_other_settings_and_a_changed_chunk(target, convs, tmp_path: Path, single_thread) -> None:
+    regenerate(target, convs[:2], tmp_path, CFG, progress=False)
+    with pytest.raises(ValueError, match="max_new_tokens=8"):
+        regenerate(target, convs[:2], tmp_path, DistillConfig(max_new_tokens=9, max_prompt_tokens=96), progress=False)
+    chunk = tmp_path / DistillStore.open(tmp_path).manifest["chunks"][0]["file"]
+    chunk.write_bytes(chunk.read_bytes() + b"x")
+    with pytest.raises(ValueError, match="hash"):
+        DistillStore.open(tmp_path).records()
+
+
+def test_the_committed_store_reads_back() -> None:
+    store = DistillStore.open(Path(__file__).resolve().parent.parent / "data" / "distill" / "smollm2-135m-instruct")
+    records = list(store.chunk_records())
+    assert len(records) == store.manifest["totals"]["records"] > 0
+    assert all(r["conversations"][-1]["from"] == "gpt" for r in records)
 
 
 def test_prepare_self_distill_and_warm_start(target, tmp_path: Path, single_thread) -> None:
@@ -54,7 +83,7 @@ def test_prepare_self_distill_and_warm_start(target, tmp_path: Path, single_thre
     stats = prepare_features(target, feats, n_conversations=8, max_len=64, heldout_fraction=0.3,
                              shard_size=4, distill=CFG)
     assert stats.distilled >= stats.train_samples + stats.heldout_samples > 0  # max_len may drop some
-    assert (feats / "distill.jsonl").exists()
+    assert (feats / "distill" / "manifest.json").exists()
     with pytest.raises(ValueError, match="other settings"):
         prepare_features(target, feats, n_conversations=8, max_len=64, heldout_fraction=0.3, shard_size=4)
 

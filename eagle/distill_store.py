@@ -1,0 +1,174 @@
+"""The self-distilled replies as a store that lives in the repository and resumes on any machine.
+
+    data/distill/<model>/
+      manifest.json          settings, the target's weights hash, the held-out rule, one entry per chunk
+      chunk-00000.jsonl.gz   the replies to ShareGPT conversations [first_index, end_index), by id
+      open.jsonl             replies of the window being generated (local, not committed)
+
+Conversations are taken in windows of consecutive indices, so the data at any point is a prefix of
+ShareGPT (not, say, its shortest prompts). Finished batches are appended to open.jsonl; a finished
+window is sealed into the next gzip chunk (written atomically, then listed in the manifest). A run
+on a fresh clone starts at the first conversation no chunk covers; a run on the same machine also
+keeps the batches in open.jsonl. Bad lines are skipped and counted, a torn last line is cut, and a
+store made with other settings is refused, naming the field.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .files import atomic_write, atomic_write_json
+
+FORMAT = "eagle2-explorer self-distill v1"
+MANIFEST = "manifest.json"
+OPEN_FILE = "open.jsonl"
+HELDOUT_RULE = ("eagle.data.is_heldout: a conversation is held out when the first 8 bytes of "
+                "sha256(f'{seed}\\0{first user message}') / 2**64 < heldout_fraction; prepare applies it")
+# Fields a chunk's text depends on: a store refuses a run that would change any of them. The dtype is
+# not one: fp32 and bf16 give the target's own greedy reply up to near-ties, and the faster one differs
+# by machine (bf16 is 3x slower than fp32 on a CPU without native bf16), so each chunk records its own.
+SETTING_FIELDS = ("model", "target_sha256", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
+
+
+def target_sha256(model: torch.nn.Module) -> str:
+    """A hash of the target's weights rounded to bf16: the same for an fp32 and a bf16 load of one
+    checkpoint (both round to the same bf16 values), different for any other weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class ReadStats:
+    bad_lines: int = 0  # unparseable lines skipped (never truncated away)
+    torn_tail: bool = False  # the open file ended in a partial line, which was cut
+
+
+@dataclass
+class DistillStore:
+    root: Path
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def next_index(self) -> int:
+        """The first conversation index no sealed chunk covers."""
+        chunks = self.manifest.get("chunks", [])
+        return chunks[-1]["end_index"] if chunks else 0
+
+    @classmethod
+    def open(cls, root: str | Path, settings: dict | None = None) -> "DistillStore":
+        """The store at root; with settings, create it or check they equal the stored ones."""
+        root = Path(root)
+        path = root / MANIFEST
+        manifest = {}
+        if path.is_file():
+            try:
+                manifest = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                raise ValueError(f"{path} is not valid JSON: restore it from git or remove the store.") from None
+            if manifest.get("format") != FORMAT:
+                raise ValueError(f"{path} is not a self-distillation manifest ({FORMAT}).")
+        elif settings is None:
+            raise FileNotFoundError(f"No self-distilled data at {root} (expected {MANIFEST}).")
+        store = cls(root, manifest)
+        if settings is not None:
+            store._check_or_init(settings)
+        return store
+
+    def _check_or_init(self, settings: dict) -> None:
+        if not self.manifest:
+            self.manifest = {"format": FORMAT, "settings": {k: settings[k] for k in SETTING_FIELDS},
+                             "heldout_rule": HELDOUT_RULE, "source": settings.get("source"), "chunks": []}
+            atomic_write_json(self.root / MANIFEST, self.manifest)
+            return
+        old = self.manifest["settings"]
+        for k in SETTING_FIELDS:
+            if old.get(k) != settings[k]:
+                raise ValueError(f"{self.root} holds replies made with {k}={old.get(k)!r}, this run asks for "
+                                 f"{settings[k]!r}: use the same setting or another output directory.")
+
+    # ---- reading --------------------------------------------------------------------------------
+    def chunk_records(self) -> Iterator[dict]:
+        for chunk in self.manifest.get("chunks", []):
+            data = (self.root / chunk["file"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() != chunk["sha256"]:
+                raise ValueError(f"{self.root / chunk['file']} does not match its manifest hash: restore it from git.")
+            for line in gzip.decompress(data).decode("utf-8").splitlines():
+                yield json.loads(line)
+
+    def read_open(self, stats: ReadStats | None = None) -> dict[int, dict]:
+        """Records of the unsealed window (ids past next_index). A torn last line is cut so appends
+        continue on a clean line; a bad line elsewhere is skipped and counted."""
+        stats = stats if stats is not None else ReadStats()
+        path = self.root / OPEN_FILE
+        if not path.exists():
+            return {}
+        raw = path.read_bytes()
+        keep = raw.rfind(b"\n") + 1
+        if keep < len(raw):
+            stats.torn_tail = True
+            with open(path, "r+b") as fh:
+                fh.truncate(keep)
+        out = {}
+        for line in raw[:keep].splitlines():
+            try:
+                rec = json.loads(line)
+                index = int(rec["id"])
+            except (ValueError, KeyError, TypeError):
+                stats.bad_lines += int(bool(line.strip()))
+                continue
+            if index >= self.next_index:  # older ones were sealed before the file was cleared
+                out[index] = rec
+        return out
+
+    def records(self) -> list[dict]:
+        """Every stored reply, sealed and open, in conversation-index order."""
+        by_id = {int(r["id"]): r for r in self.chunk_records()}
+        by_id.update(self.read_open())
+        return [by_id[i] for i in sorted(by_id)]
+
+    # ---- writing --------------------------------------------------------------------------------
+    def append(self, records: list[dict]) -> None:
+        """Append finished records to the open window (one write, fsynced)."""
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        with open(self.root / OPEN_FILE, "a", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def seal(self, end_index: int, info: dict) -> dict:
+        """Move the open window's records into the next chunk, covering [next_index, end_index)."""
+        records = [r for i, r in sorted(self.read_open().items()) if i < end_index]
+        number = len(self.manifest["chunks"])
+        name = f"chunk-{number:05d}.jsonl.gz"
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:  # mtime 0: same text, same bytes
+            gz.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8"))
+        data = buf.getvalue()
+        atomic_write(self.root / name, data)
+        chunk = {"file": name, "first_index": self.next_index, "end_index": end_index, "records": len(records),
+                 "new_tokens": sum(int(r["new_tokens"]) for r in records),
+                 "truncated": sum(bool(r["truncated"]) for r in records), "sha256": hashlib.sha256(data).hexdigest(),
+                 **info}
+        self.manifest["chunks"].append(chunk)
+        self.manifest["totals"] = _totals(self.manifest["chunks"])
+        atomic_write_json(self.root / MANIFEST, self.manifest)
+        (self.root / OPEN_FILE).unlink(missing_ok=True)  # its records are now in the chunk
+        return chunk
+
+
+def _totals(chunks: list[dict]) -> dict:
+    keys = ("records", "new_tokens", "truncated", "skipped_long", "seconds")
+    totals = {k: sum(c.get(k, 0) for c in chunks) for k in keys}
+    totals["conversations_covered"] = chunks[-1]["end_index"] if chunks else 0
+    return totals
