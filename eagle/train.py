@@ -280,7 +280,7 @@ def _top1_matches(pred: torch.Tensor, target: torch.Tensor, lm_full: torch.Tenso
 
 @torch.no_grad()
 def evaluate(head: DraftHead, seqs: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor,
-             batch: int = 4, full_ce: bool = False) -> dict[str, float]:
+             batch: int = 4, full_ce: bool = False, amp: torch.dtype | None = None) -> dict[str, float]:
     """Mean held-out losses (CE over lm_weight's vocabulary, plus the full-vocab CE when asked) and
     top-1 agreement of draft and target over the pairs the training loss counts."""
     device = lm_full.device
@@ -288,7 +288,7 @@ def evaluate(head: DraftHead, seqs: list[Sequence], lm_weight: torch.Tensor, lm_
     total = 0
     for i in range(0, len(seqs), batch):
         b = make_batch(seqs[i:i + batch], 0.0, None, device)
-        with _autocast(device):
+        with _autocast(device, amp):
             pred = head(b["tokens"], b["feats_in"], b["positions"])
         p, t = pred[b["valid"]].float(), b["feats_out"][b["valid"]]
         if p.shape[0] == 0:
@@ -304,11 +304,12 @@ def evaluate(head: DraftHead, seqs: list[Sequence], lm_weight: torch.Tensor, lm_
     return {**out, "positions": total}
 
 
-def _autocast(device: torch.device):
-    """bf16 autocast on CUDA; plain fp32 on CPU (CPU bf16 autocast is not reliably faster for training)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def _autocast(device: torch.device, amp: torch.dtype | None):
+    """Autocast to the target's reduced precision (fp32 master weights and optimizer state stay);
+    plain fp32 when the target runs in fp32 (--dtype auto picks fp32 on CPUs without fast bf16)."""
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=amp)
 
 
 def _init_head(target: Target, seed: int) -> DraftHead:
@@ -373,12 +374,12 @@ def _log_json(path: Path, record: dict) -> None:
 
 
 def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                lm_weight: torch.Tensor, cfg: TrainConfig) -> dict[str, float] | None:
+                lm_weight: torch.Tensor, cfg: TrainConfig, amp: torch.dtype | None) -> dict[str, float] | None:
     """One optimizer step; None when the batch has no counted position (nothing to learn from)."""
     valid = batch["valid"]
     if not bool(valid.any()):
         return None
-    with _autocast(lm_weight.device):
+    with _autocast(lm_weight.device, amp):
         pred = head(batch["tokens"], batch["feats_in"], batch["positions"])
     losses = eagle_loss(pred[valid], batch["feats_out"][valid], lm_weight, cfg.ce_weight)
     opt.zero_grad(set_to_none=True)
@@ -422,11 +423,12 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
     lm_weight = reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
     lm_full = target.model.lm_head.weight.detach().float()
     began = time.perf_counter()
-    done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress)
+    amp = None if target.dtype == torch.float32 else target.dtype  # train at the precision the target runs in
+    done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress, amp)
     wall = time.perf_counter() - began
     save_checkpoint(ckpt, head, opt, done, gen)
-    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True) if heldout else {}
-    summary = dict(start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
+    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True, amp=amp) if heldout else {}
+    summary = dict(dtype=str(target.dtype).removeprefix("torch."), start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
                    steps_per_s=(done - start) / wall if wall > 0 and done > start else None,
                    train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
                    heldout_samples=len(heldout), last_train=last, heldout=final, config=asdict(cfg))
@@ -442,7 +444,7 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
 
 def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
                 heldout: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor, cfg: TrainConfig,
-                start: int, out_dir: Path, progress: bool) -> tuple[int, dict[str, float]]:
+                start: int, out_dir: Path, progress: bool, amp: torch.dtype | None) -> tuple[int, dict[str, float]]:
     """Steps start..cfg.steps with logging, periodic held-out evaluation and checkpoints;
     returns the step reached and the mean train losses of the last logging window."""
     window: list[dict[str, float]] = []
@@ -456,7 +458,7 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup)
         picks = torch.randint(len(train), (cfg.batch,), generator=gen).tolist()
         batch = make_batch([train[i] for i in picks], cfg.noise, gen, lm_full.device)
-        losses = _train_step(head, opt, batch, lm_weight, cfg)
+        losses = _train_step(head, opt, batch, lm_weight, cfg, amp)
         if losses is not None:
             window.append(losses)
         done = step + 1
@@ -467,7 +469,7 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
             bar.set_postfix(loss=f"{last['loss']:.3f}", ce=f"{last['ce']:.2f}")
             window = []
         if heldout and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch)
+            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch, amp=amp)
             _log_json(out_dir / "train_log.jsonl", {"step": done, "eval": metrics})
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save_checkpoint(out_dir / "checkpoint.pt", head, opt, done, gen)
