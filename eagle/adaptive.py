@@ -8,7 +8,8 @@ n tokens, the round's expected rate is
 
     rate(n) = (1 + alpha * sum of the n - 1 best values) / (t_verify(n) + t_fixed)
 
-where t_fixed is what the round has already spent drafting (plus per-round overhead). A confident
+where t_fixed is what the round has already spent drafting (plus per-round overhead) and t_verify is
+taken at the round's context length (attention grows with it). A confident
 round (a repeated phrase, a code idiom) widens the tree; an uncertain one shrinks it, down to a
 single-token verify. The choice is a pure function of the sorted values and the cost table.
 """
@@ -19,6 +20,19 @@ from dataclasses import dataclass
 import torch
 
 
+def interpolate(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear through measured (x, y) points, extended linearly past either end: the one
+    cost interpolation of the project (verify cost against tree size, and against context length,
+    both grow about linearly past the measured range)."""
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]]
+    right = next((i for i, v in enumerate(xs) if v >= x), len(xs) - 1)
+    i = min(max(right, 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    return points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0)
+
+
 @dataclass(frozen=True)
 class RoundCosts:
     """Measured seconds per round on this machine, and the value calibration."""
@@ -26,29 +40,47 @@ class RoundCosts:
     verify: tuple[float, ...]  # verify[n - 1]: one target pass over n tree tokens, n = 1..len(verify)
     fixed: float  # drafting + per-round overhead, paid whatever size is verified
     alpha: float  # E[accepted drafts] = alpha * sum of the verified candidates' path values
+    # Optional: the same table at several context lengths (verify is then the one at contexts[0]).
+    contexts: tuple[int, ...] = ()
+    verify_by_context: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.verify or min(self.verify) <= 0 or self.fixed < 0 or self.alpha < 0:
             raise ValueError("round costs need positive verify times, fixed >= 0 and alpha >= 0")
+        if len(self.contexts) != len(self.verify_by_context) or \
+                any(len(row) != len(self.verify) for row in self.verify_by_context):
+            raise ValueError("one verify table of the same length per context")
 
     @classmethod
-    def interpolate(cls, measured: dict[int, float], fixed: float, alpha: float, max_n: int) -> "RoundCosts":
-        """Fill 1..max_n from costs measured at a few sizes (linear between them, flat past the end)."""
-        ns = sorted(measured)
-        xs, ys = torch.tensor(ns, dtype=torch.float64), torch.tensor([measured[n] for n in ns], dtype=torch.float64)
-        grid = torch.arange(1, max_n + 1, dtype=torch.float64)
-        right = torch.searchsorted(xs, grid).clamp(1, len(ns) - 1)
-        x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
-        t = ((grid - x0) / (x1 - x0)).clamp(0, 1) if len(ns) > 1 else torch.zeros_like(grid)
-        values = y0 + t * (y1 - y0) if len(ns) > 1 else ys.expand_as(grid)
-        return cls(tuple(values.tolist()), fixed, alpha)
+    def interpolate(cls, measured: dict[int, float], fixed: float, alpha: float, max_n: int,
+                    by_context: dict[int, dict[int, float]] | None = None) -> "RoundCosts":
+        """Fill sizes 1..max_n from costs measured at a few sizes (and, optionally, at a few context
+        lengths: by_context maps a context length to its measured sizes)."""
+        def table(points: dict[int, float]) -> tuple[float, ...]:
+            return tuple(interpolate(points, n) for n in range(1, max_n + 1))
+        contexts = tuple(sorted(by_context or {}))
+        return cls(table(measured), fixed, alpha, contexts, tuple(table(by_context[c]) for c in contexts))
+
+    def verify_at(self, context: int | None) -> tuple[float, ...]:
+        """The verify table at a context length (interpolated between the measured ones)."""
+        if context is None or len(self.contexts) < 2:
+            return self.verify
+        return tuple(max(1e-6, interpolate(dict(zip(self.contexts, col)), context))
+                     for col in zip(*self.verify_by_context))
+
+    def to_json(self) -> dict:
+        """Lists, not tuples: the dict equals its JSON round trip (bench compares it on resume)."""
+        return {"verify": list(self.verify), "fixed": self.fixed, "alpha": self.alpha, "contexts": list(self.contexts),
+                "verify_by_context": [list(row) for row in self.verify_by_context]}
 
 
-def best_tree_size(values_desc: torch.Tensor, costs: RoundCosts) -> int:
+def best_tree_size(values_desc: torch.Tensor, costs: RoundCosts, context: int | None = None) -> int:
     """The tree size n (root included) with the highest expected tokens per second, given the
-    candidates' path values in descending order; n - 1 never exceeds the candidates or the table."""
-    m = min(values_desc.numel(), len(costs.verify) - 1)
+    candidates' path values in descending order and the current context length; n - 1 never
+    exceeds the candidates or the table."""
+    verify = costs.verify_at(context)
+    m = min(values_desc.numel(), len(verify) - 1)
     gains = torch.cumsum(values_desc[:m].double().cpu(), 0) * costs.alpha
     expected = torch.cat([torch.zeros(1, dtype=torch.float64), gains]) + 1  # n = 1..m+1
-    seconds = torch.tensor(costs.verify[:m + 1], dtype=torch.float64) + costs.fixed
+    seconds = torch.tensor(verify[:m + 1], dtype=torch.float64) + costs.fixed
     return int(torch.argmax(expected / seconds)) + 1

@@ -240,7 +240,7 @@ class Bench:
             return {**hf_config(cfg, spec.kind), "dtype": self.dtype(spec)}
         costs = self.costs.get(spec.label)
         # lists, not tuples: the dict must equal its JSON round trip for resume to recognise it
-        extra = {"adaptive_costs": {**asdict(costs), "verify": list(costs.verify)}} if costs else {}
+        extra = {"adaptive_costs": costs.to_json()} if costs else {}
         return {**asdict(cfg), **extra, "dtype": self.dtype(spec)}
 
     def run(self, spec: ModeSpec, ids: list[int],

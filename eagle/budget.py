@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import statistics
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .adaptive import RoundCosts
+from .adaptive import RoundCosts, interpolate
 from .config import DecodeConfig
 from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
 from .draft import Drafter, draft_dynamic
@@ -51,8 +52,11 @@ CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers ever
 DEPTHS = tuple(range(0, CAL_DEPTH + 1))
 PREFIX_LEN = 192  # a typical MT-bench prefix mid-answer (prompt ~60-120 tokens + part of the answer)
 DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then taken as linear in depth
-COSTS_VERSION = 1
-AUTO_REPORT_VERSION = 3  # bump when the report or the searched grid changes: cached reports are then recomputed
+# Verify is also timed over these prefixes: a 700-900-token summarisation prompt makes every tree token
+# dearer than MT-bench's ~200, and a budget tuned at 192 alone ran at 0.82x vanilla there.
+CONTEXTS = (PREFIX_LEN, 768, 2048)
+COSTS_VERSION = 2
+AUTO_REPORT_VERSION = 4  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -63,39 +67,40 @@ class Costs:
     draft: dict[str, tuple[float, float]]  # "top_k/vocab" -> (base s, s per expansion)
     overhead: float  # per round: the draft head consumes the accepted tokens, the KV cache commits
     meta: dict = field(default_factory=dict)
+    # context length -> {n -> seconds}: verify over longer prefixes (attention grows with the context)
+    verify_by_context: dict[int, dict[int, float]] = field(default_factory=dict)
 
-    def t_verify(self, n: int) -> float:
-        """Piecewise-linear in n between measured points (linear extrapolation past the ends)."""
-        xs = sorted(self.verify)
-        if n in self.verify:
-            return self.verify[n]
-        lo = max([x for x in xs if x < n], default=xs[0])
-        hi = min([x for x in xs if x > n], default=xs[-1])
-        if lo == hi:
-            lo, hi = (xs[-2], xs[-1]) if n > xs[-1] else (xs[0], xs[1])
-        slope = (self.verify[hi] - self.verify[lo]) / (hi - lo)
-        return self.verify[lo] + slope * (n - lo)
+    def t_verify(self, n: int, context: int | None = None) -> float:
+        """Piecewise-linear in n (and in the context length, when measured at several)."""
+        if context is None or len(self.verify_by_context) < 2:
+            return interpolate(self.verify, n)
+        return interpolate({c: interpolate(t, n) for c, t in self.verify_by_context.items()}, context)
 
     def t_draft(self, depth: int, top_k: int, vocab: int = 0) -> float:
         base, step = self.draft[f"{top_k}/{vocab}"]
         return base + depth * step
 
-    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0) -> float:
+    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0, context: int | None = None) -> float:
         """Seconds per round; a 1-node tree is plain decoding (no draft)."""
         draft = self.t_draft(depth, top_k, vocab) if n > 1 else 0.0
-        return self.t_verify(n) + draft + self.overhead
+        return self.t_verify(n, context) + draft + self.overhead
 
     def to_json(self) -> dict:
-        return {"version": COSTS_VERSION, **asdict(self), "verify": {str(k): v for k, v in self.verify.items()}}
+        by_context = {str(c): {str(n): t for n, t in v.items()} for c, v in self.verify_by_context.items()}
+        return {"version": COSTS_VERSION, **asdict(self), "verify": {str(k): v for k, v in self.verify.items()},
+                "verify_by_context": by_context}
 
     @classmethod
     def from_json(cls, d: dict) -> "Costs":
+        by_context = {int(c): {int(n): float(t) for n, t in v.items()} for c, v in d.get("verify_by_context", {}).items()}
         return cls(d["key"], {int(k): float(v) for k, v in d["verify"].items()},
                    {k: (float(v[0]), float(v[1])) for k, v in d["draft"].items()}, float(d["overhead"]),
-                   d.get("meta", {}))
+                   d.get("meta", {}), by_context)
 
-    def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...]) -> bool:
-        return set(ns) <= set(self.verify) and all(f"{k}/{v}" in self.draft for k in top_ks for v in vocabs)
+    def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...],
+               contexts: tuple[int, ...] = ()) -> bool:
+        return set(ns) <= set(self.verify) and all(f"{k}/{v}" in self.draft for k in top_ks for v in vocabs) \
+            and set(contexts) <= set(self.verify_by_context)
 
 
 def cost_key(target: Target) -> str:
@@ -203,10 +208,19 @@ def _time_interleaved(jobs: dict[str, Callable[[], None]], repeats: int, desc: s
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _fitting_contexts(target: Target, contexts: tuple[int, ...], max_n: int) -> tuple[int, ...]:
+    """The context lengths whose probe fits in the model's context (a tiny test model has little)."""
+    return tuple(c for c in contexts if c + max_n + 8 <= target.max_context)
+
+
 def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple[int, ...],
-             vocabs: tuple[int, ...], repeats: int, prefix_len: int) -> Costs:
+             vocabs: tuple[int, ...], repeats: int, prefix_len: int, contexts: tuple[int, ...] = ()) -> Costs:
     probe = _Probe(target, head, prefix_len, max(ns))
     jobs = {f"v{n}": probe.verify(n) for n in ns}
+    longer = [c for c in _fitting_contexts(target, contexts, max(ns)) if c != prefix_len]
+    for c in longer:
+        long_probe = _Probe(target, head, c, max(ns))
+        jobs.update({f"v{n}@{c}": long_probe.verify(n) for n in ns})
     for k in top_ks:
         for v in vocabs:
             jobs[f"d{k}/{v}@1"] = probe.draft(k, v, 1)
@@ -220,8 +234,10 @@ def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple
             t1, t4 = t[f"d{k}/{v}@1"], t[f"d{k}/{v}@{DEPTH_PROBE}"]
             step = max(0.0, (t4 - t1) / (DEPTH_PROBE - 1))  # noise can make it negative for tiny models
             draft[f"{k}/{v}"] = (max(0.0, t1 - step), step)
+    verify = {n: t[f"v{n}"] for n in ns}
+    by_context = {prefix_len: verify, **{c: {n: t[f"v{n}@{c}"] for n in ns} for c in longer}} if longer else {}
     meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    return Costs(cost_key(target), {n: t[f"v{n}"] for n in ns}, draft, t["overhead"], meta)
+    return Costs(cost_key(target), verify, draft, t["overhead"], meta, by_context)
 
 
 STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
@@ -243,16 +259,17 @@ def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
 
 def measure_costs(target: Target, head: DraftHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
                   vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
-                  refresh: bool = False) -> Costs:
+                  refresh: bool = False, contexts: tuple[int, ...] = CONTEXTS) -> Costs:
     """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
     Keyed by model name, torch threads, device name and dtype (not the head: every head for a
     target has the same shape, so the same cost)."""
     key = cost_key(target)
     cached = None if refresh else load_costs(key)
-    if cached is not None and cached.covers(ns, top_ks, vocabs) and \
+    fitting = _fitting_contexts(target, contexts, max(ns))
+    if cached is not None and cached.covers(ns, top_ks, vocabs, fitting if len(fitting) > 1 else ()) and \
             not measured_under_load(cached.t_verify(1), probe_t1(target, head, prefix_len)):
         return cached
-    costs = _measure(target, head, ns, top_ks, vocabs, repeats, prefix_len)
+    costs = _measure(target, head, ns, top_ks, vocabs, repeats, prefix_len, contexts)
     costs.meta["file"] = str(save_costs(costs))
     return costs
 
@@ -369,6 +386,19 @@ class AcceptModel:
         grid = self.table[(top_k, draft_vocab)]
         return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
 
+    def to_json(self) -> dict:
+        """The replayed grid, so a cached report can choose again at another context length."""
+        return {"ns": list(self.ns), "depths": list(self.depths), "top_ks": list(self.top_ks),
+                "vocabs": list(self.vocabs), "grid": {f"{k}/{v}": g.tolist() for (k, v), g in self.table.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "AcceptModel":
+        model = cls.__new__(cls)  # no samples to replay: the grid was computed from them already
+        model.ns, model.depths, model.top_ks = tuple(d["ns"]), tuple(d["depths"]), tuple(d["top_ks"])
+        model.vocabs, model.method, model.alpha = tuple(d["vocabs"]), "replay", math.nan
+        model.table = {tuple(map(int, key.split("/"))): np.array(g) for key, g in d["grid"].items()}
+        return model
+
 
 def expected_accept_length(model: AcceptModel, total_tokens: int, depth: int, top_k: int,
                            draft_vocab: int = 0) -> float:
@@ -379,21 +409,23 @@ def expected_accept_length(model: AcceptModel, total_tokens: int, depth: int, to
 # ---- the choice -------------------------------------------------------------------------------
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,
                   ns: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
-                  top_ks: tuple[int, ...] | None = None) -> tuple[int, int, int, list[dict]]:
-    """The (total_tokens, depth, top_k) with the most expected tokens/s for one draft vocabulary,
-    and the whole table, best first. `model(n, depth, top_k, vocab)` gives E[accepted length];
-    a budget must fit in the candidates its draft produces (top_k + depth * top_k^2)."""
+                  top_ks: tuple[int, ...] | None = None,
+                  context: int | None = None) -> tuple[int, int, int, list[dict]]:
+    """The (total_tokens, depth, top_k) with the most expected tokens/s for one draft vocabulary
+    at a context length (None: the reference prefix), and the whole table, best first.
+    `model(n, depth, top_k, vocab)` gives E[accepted length]; a budget must fit in the candidates
+    its draft produces (top_k + depth * top_k^2)."""
     ns = ns or getattr(model, "ns", NS)
     depths = depths or getattr(model, "depths", DEPTHS)
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
-    vanilla = 1.0 / costs.t_verify(1)  # plain decoding: one token per one-token forward
+    vanilla = 1.0 / costs.t_verify(1, context)  # plain decoding: one token per one-token forward
     rows = []
     for n in (x for x in ns if x > 1):
         for depth in depths:
             for k in top_ks:
                 if n - 1 > k + depth * k * k:
                     continue
-                accept, cost = model(n, depth, k, draft_vocab), costs.round_cost(n, depth, k, draft_vocab)
+                accept, cost = model(n, depth, k, draft_vocab), costs.round_cost(n, depth, k, draft_vocab, context)
                 rows.append({"total_tokens": n, "depth": depth, "top_k": k, "draft_vocab": draft_vocab,
                              "accept_length": accept, "round_s": cost, "tokens_per_s": accept / cost,
                              "speedup": accept / cost / vanilla})
@@ -449,20 +481,37 @@ def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, voc
                           refresh=refresh)
     samples = calibrate(target, head, prompts or calibration_prompts(), max_new_tokens)
     model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
-    choices = [choose_budget(costs, model, v)[3] for v in masks]
-    table = max(choices, key=lambda t: t[0]["tokens_per_s"])
+    table, choices = _best_table(costs, model, None)
     best = table[0]
+    by_context = [{"context": c, **{k: _best_table(costs, model, c)[0][0][k] for k in (*BUDGET_KEYS, "speedup")}}
+                  for c in sorted(costs.verify_by_context)]
     same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
     return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
             "vanilla_tokens_per_s": 1.0 / costs.t_verify(1),
             "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,
-            "chosen": {f: best[f] for f in ("total_tokens", "depth", "top_k", "draft_vocab")},
+            "chosen": {f: best[f] for f in BUDGET_KEYS},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
             "calibration_rounds": len(samples),
             "calibration_accept_length": float(np.mean([s.accept_length for s in samples])),
             "costs_key": costs.key, "costs_file": str(cost_path(costs.key)),
-            "best_per_vocab": sorted((t[0] for t in choices), key=lambda r: -r["tokens_per_s"]), "top": table[:5]}
+            "best_per_vocab": sorted((t[0] for t in choices), key=lambda r: -r["tokens_per_s"]), "top": table[:5],
+            "by_context": by_context, "costs": costs.to_json(), "accept_table": model.to_json()}
+
+
+BUDGET_KEYS = ("total_tokens", "depth", "top_k", "draft_vocab")
+
+
+def _best_table(costs: Costs, model: AcceptModel, context: int | None) -> tuple[list[dict], list[list[dict]]]:
+    """The ranked table of the best draft vocabulary at a context length, and every vocabulary's."""
+    choices = [choose_budget(costs, model, v, context=context)[3] for v in model.vocabs]
+    return max(choices, key=lambda t: t[0]["tokens_per_s"]), choices
+
+
+def choice_at_context(report: dict, context: int) -> dict:
+    """The best budget row at a context length, from a report's cached costs and replayed grid."""
+    table, _ = _best_table(Costs.from_json(report["costs"]), AcceptModel.from_json(report["accept_table"]), context)
+    return table[0]
 
 
 def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
@@ -489,22 +538,30 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
 
 
 def adaptive_costs(report: dict) -> RoundCosts:
-    """The per-round size model for the auto report's draft shape: verify costs by size, the shape's
-    drafting cost, and the path-value calibration alpha."""
+    """The per-round size model for the auto report's draft shape: verify costs by size (and by
+    context length when measured at several), the shape's drafting cost, and the value calibration."""
     curve = report["curve"]
     measured = {int(n): t for n, t in report["t_verify"].items()}
     best = next(r for r in curve if r["total_tokens"] == report["chosen"]["total_tokens"])
     fixed = best["round_s"] - measured[best["total_tokens"]]
-    return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve))
+    by_context = Costs.from_json(report["costs"]).verify_by_context if "costs" in report else None
+    return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve),
+                                  by_context)
 
 
-def tuned_config(target: Target, head: DraftHead, base_cfg: DecodeConfig,
-                 budget: str) -> tuple[DecodeConfig, RoundCosts | None, dict]:
+def tuned_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, budget: str,
+                 context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict]:
     """base_cfg with the auto budget (budget "auto"), or with auto's draft shape and an adaptive tree
     size ("adaptive": total_tokens becomes the cap, the largest size the shape can fill, and the
-    returned round costs let each round pick its own size up to it). Also returns the auto report."""
+    returned round costs let each round pick its own size up to it, at that round's context length).
+    `context`: the typical context length of the generation ahead (auto then chooses for it, from the
+    costs measured at several lengths). Also returns the auto report."""
     cfg, report = auto_config(target, head, base_cfg)
     if budget == "auto":
+        if context is not None and "costs" in report:
+            row = choice_at_context(report, context)
+            report = {**report, "context": context, "context_choice": {k: row[k] for k in (*BUDGET_KEYS, "speedup")}}
+            cfg = cfg.with_(**{k: row[k] for k in BUDGET_KEYS})
         return cfg, None, report
     costs = adaptive_costs(report)
     return cfg.with_(total_tokens=len(costs.verify)), costs, report

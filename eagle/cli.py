@@ -96,9 +96,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     budget = budget_mode(args, target.device.type)
     if cfg.mode == "dynamic" and budget != "fixed":
         from .budget import tuned_config
-        cfg, costs, report = tuned_config(target, head, cfg, budget)
-        print(f"budget {budget}: {report['chosen']} (auto expects {report['expected_speedup']:.2f}x vanilla; "
-              f"--budget fixed for the flags' values)", file=sys.stderr)
+        # the generation's mean context: the prompt plus half the reply it may write
+        cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
+        print(_budget_line(budget, report), file=sys.stderr)
     decoder = Decoder(target, head, cfg, costs)
     writer = TraceWriter(args.trace) if args.trace else None
     if writer:
@@ -132,6 +132,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget_line(budget: str, report: dict) -> str:
+    chosen = report.get("context_choice") or {**report["chosen"], "speedup": report["expected_speedup"]}
+    where = f" for a {report['context']}-token context" if "context" in report else ""
+    shape = {k: v for k, v in chosen.items() if k != "speedup"}
+    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x vanilla; "
+            "--budget fixed for the flags' values)")
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     from .budget import auto_config
@@ -150,6 +158,10 @@ def cmd_budget(args: argparse.Namespace) -> int:
     for r in report["curve"]:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
               f"{r['tokens_per_s']:14.1f}")
+    for row in report.get("by_context", []):
+        shape = "/".join(str(row[k]) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
+        print(f"at a {row['context']:4d}-token context: {shape} (total/depth/top_k/vocab), "
+              f"{row['speedup']:.2f}x vanilla expected")
     print(f"report: {report['auto_file']}")
     return 0
 

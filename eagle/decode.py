@@ -164,7 +164,8 @@ class Decoder:
             cand = draft_dynamic(self.drafter, self.root_hidden, self.cfg.depth, self.cfg.top_k)
             kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
             if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
-                n = best_tree_size(cand.scores[kept].exp().sort(descending=True).values, self.costs)
+                values = cand.scores[kept].exp().sort(descending=True).values
+                n = best_tree_size(values, self.costs, self.t_cache.length)
                 kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1)
         return cand, kept, tree_from_candidates(root, cand, kept)
 

@@ -44,9 +44,18 @@ def test_interpolated_costs() -> None:
     assert len(costs.verify) == 10
     assert costs.verify[0] == pytest.approx(0.04) and costs.verify[3] == pytest.approx(0.07)
     assert costs.verify[1] == pytest.approx(0.05) and costs.verify[5] == pytest.approx(0.075)
-    assert costs.verify[9] == pytest.approx(0.08)  # flat past the last measurement
+    assert costs.verify[9] == pytest.approx(0.085)  # the last segment extended
     with pytest.raises(ValueError):
         RoundCosts((), 0.0, 1.0)
+    by_context = {192: {1: 0.04, 8: 0.08}, 1024: {1: 0.06, 8: 0.12}}
+    long = RoundCosts.interpolate({1: 0.04, 8: 0.08}, 0.01, 0.9, 8, by_context)
+    assert long.verify_at(None) == long.verify and long.verify_at(192) == pytest.approx(long.verify)
+    assert long.verify_at(608)[0] == pytest.approx(0.05) and long.verify_at(1024)[7] == pytest.approx(0.12)
+    assert long.verify_at(1856)[7] == pytest.approx(0.16)  # extended past the longest measured context
+    # A longer context makes each verified token dearer relative to what it returns: the tree shrinks.
+    values = torch.full((7,), 0.35, dtype=torch.float64)
+    steep = RoundCosts.interpolate({1: 0.04, 8: 0.05}, 0.0, 1.0, 8, {192: {1: 0.04, 8: 0.05}, 2048: {1: 0.05, 8: 0.2}})
+    assert best_tree_size(values, steep, 192) == 8 and best_tree_size(values, steep, 2048) < 8
 
 
 def test_adaptive_rounds_stay_lossless(target, trained_head, mt_prompts) -> None:

@@ -67,6 +67,11 @@ def test_verify_cost_interpolates():
     assert costs.t_verify(10) == pytest.approx(7.0)  # extrapolated from the last segment
     assert costs.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25)
     assert costs.round_cost(1, 2, 1) == pytest.approx(1.25)  # no draft for a one-node tree
+    longer = Costs("k", {1: 1.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, 0.25,
+                   verify_by_context={192: {1: 1.0, 8: 6.0}, 1024: {1: 2.0, 8: 10.0}})
+    assert longer.t_verify(8) == longer.t_verify(8, 192) == pytest.approx(6.0)
+    assert longer.t_verify(8, 608) == pytest.approx(8.0) and longer.t_verify(1, 1856) == pytest.approx(3.0)
+    assert Costs.from_json(longer.to_json()).verify_by_context == longer.verify_by_context
 
 
 def test_cost_cache_round_trip(tmp_path, monkeypatch):
@@ -124,6 +129,10 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
     assert report["vanilla_tokens_per_s"] == pytest.approx(1 / report["t_verify"]["1"])
+    contexts = [row["context"] for row in report["by_context"]]
+    assert contexts == sorted(budget.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
+    row = budget.choice_at_context(report, 192)  # the cached report chooses again without measuring
+    assert {k: row[k] for k in report["chosen"]} == report["chosen"]
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")
@@ -136,3 +145,12 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     with pytest.raises(AssertionError, match="searched again"):
         budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
                            ns=(1, 2, 8, 16), top_ks=(1, 4))
+
+    # tuned_config on the cached report: auto chooses for the generation's context, adaptive per round
+    monkeypatch.setattr(budget, "auto_config", lambda t, h, c, **kw: (c.with_(**report["chosen"]), report))
+    long_cfg, _, long_report = budget.tuned_config(target, random_head, base, "auto", context=1500)
+    assert long_report["context"] == 1500
+    assert long_cfg.total_tokens == long_report["context_choice"]["total_tokens"] == \
+        budget.choice_at_context(report, 1500)["total_tokens"]
+    _, round_costs, _ = budget.tuned_config(target, random_head, base, "adaptive")
+    assert round_costs.contexts == budget.CONTEXTS and round_costs.verify_at(2048) != round_costs.verify
