@@ -115,24 +115,28 @@ def depth_rank_heatmap(nodes: pd.DataFrame) -> go.Figure:
                                colorbar=dict(title="rate"), xgap=2, ygap=2,
                                hovertemplate="depth %{y}, rank %{x}: %{z:.3f}<extra></extra>"))
     fig.update_xaxes(title_text="sibling rank (0 = draft's best)", type="category")
-    fig.update_yaxes(title_text="depth", type="category", autorange="reversed")
+    fig.update_yaxes(title_text="depth (1 = the root's children)", type="category", autorange="reversed")
     return paper_layout(fig, title, height=max(450, 110 + 80 * len(rate.index)))
 
 
 def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static") -> go.Figure:
     """Acceptance of each fixed tree position: mean over prompts with a std error bar, the quartiles
     as open markers."""
-    title = "Static tree: acceptance per position (given parent accepted)"
+    what = "Static tree: acceptance" if mode == "static" else "Acceptance"
+    title = f"{what} per position (given parent accepted)"
     table = static_position_table(nodes, mode)
     if table.empty:
-        return _empty(title, "no static-tree rounds in these traces")
+        return _empty(title, f"no {'static-tree ' if mode == 'static' else ''}rounds in these traces")
     std = table["std"].fillna(0.0)  # one prompt: no spread
     # Clip the std bars to [0, 1]: a rate cannot leave it, and the bars would suggest it could.
     up, down = np.minimum(std, 1 - table["mean"]), np.minimum(std, table["mean"])
     fig = go.Figure()
     for i, (depth, t) in enumerate(table.groupby("depth", sort=True)):
         color = PALETTE[i % len(PALETTE)]
+        # n on every bar: a 1.0 bar from a single node must not read like a measured certainty.
         fig.add_trace(go.Bar(x=t["position"], y=t["mean"], name=f"depth {depth}", marker_color=color,
+                             text=[f"n={c}" for c in t["count"]], textposition="inside", insidetextanchor="start",
+                             textangle=-90, textfont=dict(size=11),
                              error_y=dict(type="data", array=up.loc[t.index], arrayminus=down.loc[t.index],
                                           color="#333"),
                              customdata=t[["std", "q25", "q75", "traces", "count"]],
@@ -262,7 +266,7 @@ def tree_figure(step: StepRecord, show_pruned: bool = True, label_limit: int = 1
     fig.update_yaxes(visible=False, range=[-rows + 0.4, 0.6])
     kept = sum(1 for n in step.nodes if n.kept and n.parent >= 0)
     drafted = sum(1 for n in step.nodes if n.parent >= 0)
-    title = (f"Step {step.step} ({step.mode}): {max(0, len(step.accepted) - 1)} draft token(s) accepted"
+    title = (f"Round {step.step} ({step.mode}): {max(0, len(step.accepted) - 1)} draft token(s) accepted"
              f" + bonus<br><sup>{kept} verified of {drafted} drafted; faded = reranked away</sup>")
     fig = paper_layout(fig, title, height=int(max(420, 170 + 30 * rows)))
     fig.update_layout(legend=dict(orientation="h", x=0, y=-0.02, yanchor="top"), showlegend=True)
@@ -328,8 +332,10 @@ def budget_figure(report: dict) -> go.Figure:
                   annotation_text="vanilla", annotation_position="bottom right")
     fig.update_xaxes(title_text="tree size (verified tokens per round)", row=2, col=1)
     fig.update_yaxes(title_text="τ", row=1, col=1)
-    fig.update_yaxes(title_text="ms per round", row=1, col=1, secondary_y=True, showgrid=False)
+    fig.update_yaxes(title_text="ms per round", row=1, col=1, secondary_y=True, showgrid=False, tickformat=".0f")
     fig.update_yaxes(title_text="tokens/s", row=2, col=1)
     fig.update_layout(legend=dict(orientation="h", y=-0.14))
-    subtitle = f"depth {chosen['depth']}, top-k {chosen['top_k']}, draft vocabulary {vocab}"
+    # Depth as everywhere else: a node's level below the root; the config's depth counts expansions.
+    subtitle = (f"tree depth {chosen['depth'] + 1} (--depth {chosen['depth']}), top-k {chosen['top_k']}, "
+                f"draft vocabulary {vocab}")
     return paper_layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=800)

@@ -50,13 +50,15 @@ def _deferred(make: Callable[[], bytes]) -> Callable[[], bytes]:
     return run
 
 
-def trace_downloads(traces: list[Trace], key: str, stem: str = "traces") -> None:
+def trace_downloads(traces: list[Trace], key: str, stem: str = "traces", what: str = "") -> None:
+    """JSONL and Parquet buttons; `what` ("this run", "all 3 runs") names them when a page has two pairs."""
     if not traces:
         return
+    suffix = f": {what}" if what else ""
     c1, c2 = st.columns(2)
-    c1.download_button("Traces (JSONL)", _deferred(lambda: traces_jsonl(traces)), f"{stem}.jsonl",
+    c1.download_button(f"Traces (JSONL){suffix}", _deferred(lambda: traces_jsonl(traces)), f"{stem}.jsonl",
                        "application/jsonl", key=f"{key}_jsonl", on_click="ignore")
-    c2.download_button("Nodes (Parquet)", _deferred(lambda: nodes_parquet(traces)), f"{stem}_nodes.parquet",
+    c2.download_button(f"Nodes (Parquet){suffix}", _deferred(lambda: nodes_parquet(traces)), f"{stem}_nodes.parquet",
                        "application/vnd.apache.parquet", key=f"{key}_parquet", on_click="ignore")
 
 

@@ -12,10 +12,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PAGES = Path(__file__).resolve().parent / "pages"
+# A bundled file, served by this server: a material or emoji page icon makes the browser fetch the
+# favicon from Google's or jsDelivr's CDN, which fails offline and leaks the visit.
+ICON = Path(__file__).resolve().parent / "static" / "icon.png"
 
 
 def main() -> None:
-    st.set_page_config(page_title="EAGLE-2 Explorer", page_icon=":material/account_tree:", layout="wide")
+    st.set_page_config(page_title="EAGLE-2 Explorer", page_icon=str(ICON), layout="wide")
     nav = st.navigation([
         st.Page(PAGES / "live.py", title="Live explorer", icon=":material/bolt:", default=True),
         st.Page(PAGES / "calibration.py", title="Calibration", icon=":material/insights:"),

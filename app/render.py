@@ -10,6 +10,7 @@ import streamlit as st
 
 from eagle.trace import StepRecord, Trace
 
+from .persist import save, seed
 from .runner import generation
 
 # Alternating pastel backgrounds: adjacent rounds always differ; accepted drafts show as long runs.
@@ -34,14 +35,24 @@ def show_tokens(trace: Trace) -> None:
     st.html(token_html(trace.steps) if trace.steps else "<i>waiting for the first token…</i>")
 
 
+def decoder_seconds(trace: Trace) -> float:
+    """The decoding alone: the sum of every round's own timings (prefill, draft, verify, commit)."""
+    return sum(sum(s.timings.values()) for s in trace.steps)
+
+
 def show_metrics(trace: Trace) -> None:
-    """Tokens, tau (new tokens per target forward) and wall-clock tokens/s of one trace."""
+    """Tokens, tau (new tokens per target forward), rounds, and two rates: the decoder's own
+    (from the trace timings) and the wall clock's, which includes drawing this page."""
     gen = generation(trace)
-    cols = st.columns(4)
+    busy = decoder_seconds(trace)
+    cols = st.columns(5)
     cols[0].metric("Tokens", len(gen.tokens))
     cols[1].metric("τ", f"{gen.tau:.2f}", help="New tokens per target forward pass (prefill included)")
-    cols[2].metric("Tokens / s", f"{gen.tokens_per_second:.1f}")
-    cols[3].metric("Rounds", max(0, len(trace.steps) - 1), help=_finish_note(trace))
+    cols[2].metric("Rounds", max(0, len(trace.steps) - 1), help=_finish_note(trace))
+    cols[3].metric("Decoder tok/s", f"{len(gen.tokens) / busy:.1f}" if busy > 0 else "–",
+                   help="Tokens over the decoder's own time (the rounds' timings in the trace)")
+    cols[4].metric("Wall-clock tok/s", f"{gen.tokens_per_second:.1f}",
+                   help="Tokens over the wall-clock time of the generation, drawing this page included")
 
 
 def _finish_note(trace: Trace) -> str:
@@ -51,12 +62,22 @@ def _finish_note(trace: Trace) -> str:
 
 
 def pick_step(trace: Trace, key: str) -> StepRecord:
-    """A slider over every round of the trace (the last one by default)."""
+    """A slider over every round of the trace (the last one by default); its position is
+    remembered across page switches."""
     n = len(trace.steps)
     if n < 2:  # a slider needs min < max
         return trace.steps[0]
-    idx = st.slider("Round (scrub back through every draft tree)", 0, n - 1, n - 1, key=key)
+    seed(key, n - 1)
+    idx = st.slider("Round (scrub back through every draft tree)", 0, n - 1, key=key)
+    save(key)
     return trace.steps[idx]
+
+
+def remembered_toggle(label: str, key: str, default: bool, **kwargs) -> bool:
+    seed(key, default)
+    value = st.toggle(label, key=key, **kwargs)
+    save(key)
+    return value
 
 
 def nodes_table(step: StepRecord) -> pd.DataFrame:
@@ -67,11 +88,13 @@ def nodes_table(step: StepRecord) -> pd.DataFrame:
     return frame.sort_values(["kept", "depth", "rank"], ascending=[False, True, True])
 
 
-def fit_tree(fig: go.Figure, max_height: int = 950) -> go.Figure:
-    """Paper-layout trees grow 30 px per row; on screen, cap the height (plotly zooms for detail) so
-    the node table stays within reach, and shrink the labels to match. Returns a copy: exports keep
-    the paper layout."""
+def fit_tree(fig: go.Figure, max_height: int = 640) -> go.Figure:
+    """Paper-layout trees grow 30 px per row; on screen, cap the height to fit a 1000 px window
+    with the legend visible (plotly zooms for detail), move the legend above the tree and shrink
+    the labels to match. Returns a copy: exports keep the paper layout."""
     fig = go.Figure(fig)
+    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", font_size=13),
+                      margin=dict(t=110, b=20))
     if (fig.layout.height or 0) > max_height:
         fig.update_layout(height=max_height)
         fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
@@ -81,8 +104,9 @@ def fit_tree(fig: go.Figure, max_height: int = 950) -> go.Figure:
 def compact(fig: go.Figure) -> go.Figure:
     """The paper layout's 18 px fonts crowd a half-width column: a copy with smaller text and margins."""
     fig = go.Figure(fig)
-    fig.update_layout(font_size=12, title_font_size=14, margin=dict(l=10, r=10, t=60, b=10),
-                      legend=dict(orientation="h", font_size=11))
+    # The title sits left of plotly's toolbar (top right) and the margin leaves it room.
+    fig.update_layout(font_size=12, title=dict(font_size=14, x=0.01, xanchor="left", y=0.98, yanchor="top"),
+                      margin=dict(l=10, r=10, t=110, b=10), legend=dict(orientation="h", font_size=11))
     fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
     return fig
 

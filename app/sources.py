@@ -11,6 +11,7 @@ import streamlit as st
 from eagle.trace import Trace, TraceFormatError, read_trace
 
 from . import state
+from .persist import save, seed
 
 SOURCES = ("This session's traces", "A trace file or directory", "Upload JSONL")
 
@@ -65,14 +66,15 @@ def from_uploads(uploads: list) -> Loaded:
 
 def pick_traces(prefix: str) -> list[Trace]:
     """The source widgets; reports skipped lines and errors, returns whatever could be read."""
+    seed(f"{prefix}_source", SOURCES[0])
     source = st.radio("Traces", SOURCES, horizontal=True, key=f"{prefix}_source")
+    save(f"{prefix}_source")
     if source == SOURCES[0]:
-        loaded = Loaded(traces=list(state.session_traces()))
-        if not loaded.traces:
-            st.info("No traces yet in this session: generate some on the Live explorer or Static vs "
-                    "dynamic page, or load a file.")
+        loaded = Loaded(traces=pick_runs(prefix))
     elif source == SOURCES[1]:
+        seed(f"{prefix}_path", "")
         text = st.text_input("Path to a .jsonl trace file or a directory of them", key=f"{prefix}_path")
+        save(f"{prefix}_path")
         loaded = from_path(text) if text.strip() else Loaded()
     else:
         ups = st.file_uploader("Trace files (JSONL)", type=["jsonl", "json", "txt"],
@@ -80,6 +82,28 @@ def pick_traces(prefix: str) -> list[Trace]:
         loaded = from_uploads(ups) if ups else Loaded()
     report(loaded)
     return loaded.traces
+
+
+def pick_runs(prefix: str) -> list[Trace]:
+    """This session's runs, newest last, with a picker (all of them unless the user narrows it).
+    The picker stores run numbers, so a new run does not silently change what is selected."""
+    runs = state.session_traces()
+    if not runs:
+        st.info("No traces yet in this session: generate some on the Live explorer or Static vs "
+                "dynamic page, or load a file.")
+        return []
+    key, everything = f"{prefix}_runs", list(range(len(runs)))
+    seed(key, everything)
+    seen = st.session_state.get(f"{prefix}_runs_seen", 0)
+    kept = [i for i in st.session_state[key] if i < len(runs)]
+    # "All runs" stays all runs when new ones arrive; a narrowed choice stays as the user left it.
+    st.session_state[key] = everything if kept == list(range(seen)) else kept
+    st.session_state[f"{prefix}_runs_seen"] = len(runs)
+    chosen = st.multiselect("Runs of this session", everything, key=key,
+                            format_func=lambda i: state.run_label(i, runs[i]),
+                            help="Every finished or stopped generation of this browser session")
+    save(key)
+    return [runs[i] for i in chosen]
 
 
 def report(loaded: Loaded) -> None:

@@ -7,16 +7,31 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import streamlit as st
 
 from eagle.config import DecodeConfig
 from eagle.head import DraftHead, resolve_head
-from eagle.target import DEFAULT_MODEL, ModelLoadError, Target, load_target
+from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
+
+from .persist import save, seed
 
 TRACES_KEY = "traces"  # list[Trace]: every finished or stopped generation of this session
 MAX_TRACES = 200  # typing-as-you-go makes many traces; keep a session's memory bounded
+DTYPE_KEY = "dtype"  # one precision for the session: the model pair is shared by every page
+ROOT = Path(__file__).resolve().parent.parent
+Spec = tuple[str, str, str]  # (model, head, dtype choice)
+
+
+def short_path(text: str) -> str:
+    """A path as the user knows it: relative to the repository, else to the home directory."""
+    path = Path(text)
+    for base, prefix in ((ROOT, ""), (Path.home(), "~/")):
+        if path.is_absolute() and path.is_relative_to(base):
+            return prefix + str(path.relative_to(base))
+    return text
 
 
 @dataclass
@@ -33,49 +48,74 @@ class Models:
 
     @property
     def head_label(self) -> str:
-        return f"trained head ({self.head_source})" if self.head_trained else "random head"
+        return f"trained head ({short_path(self.head_source)})" if self.head_trained else "random head"
+
+    @property
+    def dtype_label(self) -> str:
+        return dtype_name(self.target.dtype)
+
+    @property
+    def dtype_reason(self) -> str | None:
+        """How "auto" chose the precision (None when the user named one, or on CUDA)."""
+        return (self.target.dtype_report or {}).get("reason")
+
+
+_LOAD_LOCK = threading.Lock()  # two sessions asking for a new pair at once load it once
 
 
 @st.cache_resource(show_spinner=False)
-def _load_models(model: str, head: str) -> Models:
-    target = load_target(model)
-    draft, source = resolve_head(target, head)
+def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
+    with _LOAD_LOCK:
+        target = load_target(model, dtype=dtype)
+        draft, source = resolve_head(target, head)
     return Models(target, draft, source)
 
 
-_READY: set[tuple[str, str]] = set()  # pairs loaded in this process: skip the progress box for them
-_BUDGET_REFRESHES: dict[tuple[str, str], int] = {}  # "measure again" clicks per pair: a new cache key
+_READY: set[Spec] = set()  # pairs loaded in this process: skip the progress box for them
+_BUDGET_REFRESHES: dict[Spec, int] = {}  # "measure again" clicks per pair: a new cache key
 
 
-def model_spec() -> tuple[str, str]:
-    """(model, head) to serve: EAGLE_MODEL / EAGLE_HEAD, else the embedded default and its head."""
-    return os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto")
+def model_spec(dtype: str = "auto") -> Spec:
+    """(model, head, dtype) to serve: EAGLE_MODEL / EAGLE_HEAD, else the embedded default and its head."""
+    return os.environ.get("EAGLE_MODEL", DEFAULT_MODEL), os.environ.get("EAGLE_HEAD", "auto"), dtype
 
 
-def get_models() -> Models:
-    """The shared model pair; EAGLE_MODEL / EAGLE_HEAD pick another target or head directory.
-    The first load shows progress; a load failure stops the page with one sentence."""
-    spec = model_spec()
+def dtype_choice() -> str:
+    """The sidebar's precision picker; one value for every page (kept across page switches)."""
+    seed(DTYPE_KEY, "auto")
+    choice = st.sidebar.selectbox("Precision (dtype)", DTYPE_CHOICES, key=DTYPE_KEY,
+                                  help="auto: bf16 on a GPU; on a CPU the faster of float32 and bfloat16, "
+                                       "measured once on this machine")
+    save(DTYPE_KEY)
+    return choice
+
+
+def get_models(dtype: str | None = None) -> Models:
+    """The shared model pair at the session's precision; EAGLE_MODEL / EAGLE_HEAD pick another
+    target or head directory. The first load shows progress; a failure stops the page with one sentence."""
+    spec = model_spec(dtype or st.session_state.get(DTYPE_KEY, "auto"))
     if spec in _READY:
         return _load_models(*spec)
-    with st.status(f"Loading {spec[0]} and its draft head…", expanded=True) as box:
-        st.write("The first load ever converts the shipped GGUF to safetensors (about 30 s); "
-                 "later loads take a few seconds and are shared by every browser tab.")
+    with st.status(f"Loading {spec[0]} ({spec[2]}) and its draft head…", expanded=True) as box:
+        st.write("The first load ever converts the shipped GGUF to safetensors (about 30 s) and, for "
+                 "auto precision, times float32 against bfloat16 once; later loads take a few seconds "
+                 "and are shared by every browser tab.")
         try:
             models = _load_models(*spec)
         except (ModelLoadError, FileNotFoundError, ValueError) as err:
             box.update(label="The model could not be loaded", state="error")
             st.error(str(err))
             st.stop()
-        box.update(label=f"Loaded {spec[0]} with a {models.head_label}", state="complete", expanded=False)
+        box.update(label=f"Loaded {spec[0]} ({models.dtype_label}) with a {models.head_label}",
+                   state="complete", expanded=False)
     _READY.add(spec)
     return models
 
 
 @st.cache_resource(show_spinner=False)
-def _auto_budget(spec: tuple[str, str], refresh_count: int, _models: Models) -> dict:
-    """The auto-budget report for the loaded pair (eagle.budget caches it on disk per machine, so
-    this only measures on the first run ever). Holds the model lock: timings need an idle model."""
+def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
+    """The auto-budget report for the loaded pair (eagle.budget caches it on disk per machine and
+    dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
     from eagle.budget import auto_config
     with _models.lock:
         return auto_config(_models.target, _models.head, DecodeConfig(), refresh=refresh_count > 0)[1]
@@ -83,7 +123,7 @@ def _auto_budget(spec: tuple[str, str], refresh_count: int, _models: Models) -> 
 
 def auto_budget(models: Models, refresh: bool = False) -> dict:
     """The chosen budget and the curve behind it; `refresh` measures this machine again."""
-    spec = model_spec()
+    spec = model_spec(st.session_state.get(DTYPE_KEY, "auto"))
     if refresh:
         _BUDGET_REFRESHES[spec] = _BUDGET_REFRESHES.get(spec, 0) + 1
     with st.status("Choosing the tree budget for this machine…", expanded=False) as box:
@@ -95,9 +135,12 @@ def auto_budget(models: Models, refresh: bool = False) -> dict:
 
 
 def budget_label(chosen: dict) -> str:
+    """The budget in the app's one naming of depth: a node's level below the root (as in the traces
+    and the analysis pages). The config's `depth` (CLI --depth) counts expansion steps, so its
+    trees reach depth + 1."""
     vocab = chosen["draft_vocab"] or "full"
-    return f"{chosen['total_tokens']} tokens, depth {chosen['depth']}, top-k {chosen['top_k']}, vocabulary {vocab}"
-
+    return (f"{chosen['total_tokens']} tokens, tree depth {chosen['depth'] + 1} (--depth {chosen['depth']}), "
+            f"top-k {chosen['top_k']}, vocabulary {vocab}")
 
 
 def session_traces() -> list[Trace]:
@@ -115,10 +158,22 @@ def trace_key(trace: Trace) -> tuple:
     return trace.header.prompt, tuple(sorted(trace.header.config.items()))
 
 
+def run_label(index: int, trace: Trace) -> str:
+    """How a run is listed in the analysis pages' history picker."""
+    cfg, prompt = trace.header.config, " ".join(trace.header.prompt.split())
+    prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"
+    tokens = sum(len(s.new_tokens) for s in trace.steps)
+    tree = "" if cfg.get("mode") == "vanilla" else f" {cfg.get('total_tokens')}/{cfg.get('depth')}/{cfg.get('top_k')}"
+    return f"#{index + 1} {cfg.get('mode')}{tree} · {tokens} tokens · “{prompt}”"
+
+
 def show_head_badge(models: Models) -> None:
-    """Sidebar note on which head drafts: users must know when low acceptance is expected."""
+    """Sidebar note on which head drafts and at what precision: users must know when low
+    acceptance is expected, and which dtype the speeds belong to."""
     if models.head_trained:
         st.sidebar.success(f"Draft head: {models.head_label}")
     else:
         st.sidebar.warning("Draft head: random (no trained head ships for this model yet), so drafts "
                            "are rarely accepted and τ stays near 1.")
+    reason = models.dtype_reason
+    st.sidebar.caption(f"Precision in use: **{models.dtype_label}**" + (f" (auto: {reason})" if reason else ""))

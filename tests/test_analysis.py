@@ -218,6 +218,23 @@ def test_budget_figure_marks_the_best_tree_size() -> None:
     assert "no budget curve" in F.budget_figure({}).layout.annotations[0].text
 
 
+def test_figure_labels_name_what_they_show() -> None:
+    rounds = one_child_steps(0.8, 3, hits=1)
+    nodes = T.nodes_frame([trace(rounds)])
+    spread = F.static_position_figure(nodes, mode=None)  # dynamic traces: no "Static tree" title
+    assert spread.layout.title.text.startswith("Acceptance per position")
+    assert list(spread.data[0].text) == ["n=3"]  # every bar says how many nodes it rests on
+    static = F.static_position_figure(T.nodes_frame([trace(one_child_steps(0.8, 2, 1, "static"), "static")]))
+    assert static.layout.title.text.startswith("Static tree: acceptance per position")
+    assert F.tree_figure(rounds[0]).layout.title.text.startswith("Round 1 (dynamic): 1 draft token(s)")
+    report = dict(curve=[dict(total_tokens=n, depth=1, top_k=2, draft_vocab=0, accept_length=1.5,
+                              round_s=0.1191 + 0.0113 * n, tokens_per_s=10.0) for n in (2, 4)],
+                  chosen=dict(total_tokens=2, depth=1, top_k=2, draft_vocab=0), vanilla_tokens_per_s=9.0)
+    budget = F.budget_figure(report)
+    assert budget.layout.yaxis2.tickformat == ".0f"  # whole milliseconds, not 128.1 / 164.5
+    assert "tree depth 2 (--depth 1)" in budget.layout.title.text
+
+
 def test_markdown_table() -> None:
     md = to_markdown(pd.DataFrame({"a": [1, 2], "b": [0.5, float("nan")], "c": ["x|y", None]}))
     assert md.splitlines() == ["| a | b | c |", "|---:|---:|---|", "| 1 | 0.500 | x\\|y |", "| 2 |  |  |"]

@@ -61,7 +61,9 @@ def live(target) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     _no_trouble(at)
     assert "Type a prompt" in at.info[0].value
+    assert at.expander[0].label == "How to read this page" and "bonus token" in at.markdown[0].value
     assert at.sidebar.radio(key="live_budget").value == "auto"  # the machine-tuned tree by default
+    assert at.sidebar.selectbox(key="dtype").value == "auto"
     assert any(c.value.startswith("Expected ") for c in at.sidebar.caption)
     _set(at, "live", **SMALL)
     _type_prompt(at, "Name three colours.")
@@ -79,6 +81,8 @@ def test_live_generates_and_scrubs(live):
     metrics = {m.label: m.value for m in live.metric}
     assert metrics["Tokens"] == "8"
     assert float(metrics["τ"]) >= 1.0
+    # The decoder's own rate (rounds' timings) is at least the wall clock's, which adds the page.
+    assert float(metrics["Decoder tok/s"]) >= float(metrics["Wall-clock tok/s"]) > 0
     trace = live.session_state["live_run"]
     assert trace.header.meta["finished"] in ("max_new_tokens", "eos")
     assert len(live.get("plotly_chart")) == 1 and len(live.dataframe) == 1
@@ -89,7 +93,11 @@ def test_live_generates_and_scrubs(live):
         _no_trouble(live)
     # Scrubbing reuses the trace: no new generation.
     assert live.session_state["live_run"] is trace
-    assert "draft token(s) accepted" in live.get("plotly_chart")[0].proto.spec
+    spec = json.loads(live.get("plotly_chart")[0].proto.spec)
+    assert spec["layout"]["title"]["text"].startswith("Round 1 (dynamic): ")  # "Round" as on the slider
+    assert spec["layout"]["height"] <= 640 and spec["layout"]["legend"]["yanchor"] == "bottom"
+    labels = [b.label for b in live.get("download_button")]
+    assert "Traces (JSONL): this run" in labels and len(labels) == len(set(labels))
 
 
 def test_live_mode_and_seed_settings_rerun(live):
@@ -206,11 +214,139 @@ def test_auto_budget_drives_the_live_config(live):
     radio = live.sidebar.radio(key="live_budget")
     radio.set_value("auto").run()
     _no_trouble(live)
-    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto"))["chosen"]
+    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto"))["chosen"]
     config = live.session_state["live_run"].header.config
     assert {k: config[k] for k in chosen} == chosen
     live.sidebar.radio(key="live_budget").set_value("manual").run()  # the tree after the auto run
     _no_trouble(live)
+
+
+def test_page_switch_keeps_prompt_settings_and_result(live):
+    """Live -> Calibration -> Live: Streamlit drops the state of widgets a run does not draw; the
+    saved copies bring back the prompt, every setting, the result and the slider position."""
+    _set(live, "live", **{**SMALL, "seed": 5})
+    live.run()
+    trace = live.session_state["live_run"]
+    live.slider[0].set_value(1).run()
+    before = {k: live.session_state[k] for k in ("live_mode", "live_max_new_tokens", "live_seed",
+                                                   "live_budget", "live_total_tokens", "dtype")}
+    live.switch_page("pages/calibration.py").run()
+    _no_trouble(live)
+    assert live.multiselect(key="cal_runs").value  # this session's runs are offered there
+    live.switch_page("pages/live.py").run()
+    _no_trouble(live)
+    assert live.session_state["live_run"] is trace  # no new generation on the way back
+    assert {k: live.session_state[k] for k in before} == before
+    assert live.slider[0].value == 1
+    assert live.session_state["_saved_widgets"]["live_prompt"] == "Name three colours."
+    assert live.expander[0].label == "How to read this page"
+
+
+def test_manual_budget_starts_from_auto():
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    chosen = at.session_state["live_auto_chosen"]
+    at.sidebar.radio(key="live_budget").set_value("manual").run()
+    _no_trouble(at)
+    shown = {f: at.sidebar.number_input(key=f"live_{f}").value for f in chosen}
+    assert shown == chosen
+
+
+def test_dtype_is_shown_and_keys_the_model_pair():
+    from app import state
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    note = next(c.value for c in at.sidebar.caption if c.value.startswith("Precision in use"))
+    auto = state._load_models(DEFAULT_MODEL, "auto", "auto")
+    assert f"**{auto.dtype_label}**" in note and auto.target.dtype_report["reason"] in note
+    badge = at.sidebar.success[0].value
+    assert badge == "Draft head: trained head (heads/smollm2-135m-instruct)"  # no machine path
+    at.sidebar.selectbox(key="dtype").set_value("float32").run()
+    _no_trouble(at)
+    named = state._load_models(DEFAULT_MODEL, "auto", "float32")
+    assert named is not auto and named.dtype_reason is None
+    assert any(c.value == "Precision in use: **float32**" for c in at.sidebar.caption)
+
+
+def test_long_prompt_warns_then_runs_on_request():
+    from app import live as live_mod
+    at = _page("live").run()
+    _set(at, "live", **{**SMALL, "max_new_tokens": 2})
+    long_prompt = "the sky is blue " * 300  # about 1200 tokens, over the threshold
+    _type_prompt(at, long_prompt)
+    at.run()
+    assert not at.exception and "live_run" not in at.session_state
+    warning = at.warning[0].value
+    assert "tokens long" in warning and " s or more" in warning
+    n = int(warning.split(" is ")[1].split(" tokens")[0].replace(",", ""))
+    assert n > live_mod.LONG_PROMPT_TOKENS
+    at.button(key="live_long_run").click().run()
+    _no_trouble(at)
+    assert at.session_state["live_run"].header.prompt == long_prompt
+    assert at.session_state["live_run"].header.meta["finished"] == "max_new_tokens"
+
+
+def test_stop_at_the_prefill_shows_no_empty_tree(traces):
+    full = traces[0]
+    partial = copy.deepcopy(full)
+    partial.steps, partial.header.meta["finished"] = partial.steps[:1], None
+    at = _page("live").run()
+    _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
+    _type_prompt(at, full.header.prompt)
+    at.session_state["live_run"] = partial
+    at.session_state["live_stop_requested"] = True
+    at.run()
+    _no_trouble(at)
+    assert not at.get("plotly_chart")
+    assert any("Round 0 is the prefill" in i.value for i in at.info)
+
+
+def test_streaming_redraws_the_tree_throttled_and_always_the_last_round(monkeypatch):
+    """A fake clock that ticks once a round and a redraw interval of 4 ticks: the tree is drawn on
+    round 1, then every fourth round, and on the last round whatever the clock says."""
+    from app import live as live_mod
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(live_mod, "clock", lambda: next(ticks))
+    monkeypatch.setattr(live_mod, "REDRAW_S", 4)
+    drawn: list[int] = []
+    real = live_mod.tree_figure
+    monkeypatch.setattr(live_mod, "tree_figure", lambda step, **kw: drawn.append(step.step) or real(step, **kw))
+    at = _page("live").run()
+    _set(at, "live", max_new_tokens=24, total_tokens=2, depth=0, top_k=1)
+    _type_prompt(at, "Count from one to twenty.")
+    at.run()
+    _no_trouble(at)
+    trace = at.session_state["live_run"]
+    last = trace.steps[-1].step
+    streamed, final = drawn[:-1], drawn[-1]  # the finished view draws the slider's round once more
+    assert last > 5 and final == last
+    assert streamed == sorted({*range(1, last + 1, 4), last})
+
+
+def test_history_picker_on_analysis_pages(traces):
+    two = copy.deepcopy(traces[:1]) * 2
+    two[1] = copy.deepcopy(two[1])
+    two[1].header.prompt = "Another prompt."
+    at = _page("acceptance")
+    at.session_state["traces"] = two
+    at.run()
+    _no_trouble(at)
+    picker = at.multiselect(key="acc_runs")
+    assert picker.value == [0, 1] and "“Another prompt.”" in picker.options[1]
+    picker.set_value([1]).run()
+    _no_trouble(at)
+    assert any(c.value.startswith("1 trace(s)") for c in at.caption)
+
+
+def test_measured_speedup_is_read_from_the_newest_bench_run(tmp_path):
+    from app.benchmarks import measured_auto_speedup
+    assert measured_auto_speedup(tmp_path) is None
+    for name, speedup in (("20261201-000000", 1.05), ("20261202-000000", 1.17)):
+        (tmp_path / name).mkdir()
+        modes = {"vanilla": {"speedup": 1.0}, "dynamic:auto": {"speedup": speedup}}
+        (tmp_path / name / "summary.json").write_text(json.dumps({"modes": modes}))
+    (tmp_path / "20261203-000000").mkdir()
+    (tmp_path / "20261203-000000" / "summary.json").write_text("{half written")
+    got = measured_auto_speedup(tmp_path)
+    assert got.speedup == 1.17 and got.where == "dynamic:auto, runs/bench/20261202-000000"
 
 
 def test_compare_empty_prompt_is_an_error():
@@ -225,7 +361,7 @@ def test_runner_stop_and_lock(traces):
     from app import runner, state
     from eagle.config import DecodeConfig
     from eagle.target import DEFAULT_MODEL
-    models = state._load_models(DEFAULT_MODEL, "auto")  # the AppTests' cached pair
+    models = state._load_models(DEFAULT_MODEL, "auto", "auto")  # the AppTests' cached pair
     decoder, ids, trace = runner.prepare(models, "Count to ten.", DecodeConfig(**SMALL))
     waits = []
     models.lock.acquire()

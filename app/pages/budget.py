@@ -12,7 +12,10 @@ COLUMNS = ["total_tokens", "depth", "top_k", "draft_vocab", "accept_length", "ro
 
 def show_choice(report: dict) -> None:
     c1, c2, c3 = st.columns(3)
-    c1.metric("Chosen tree", state.budget_label(report["chosen"]))
+    chosen = report["chosen"]
+    # The full label does not fit a metric tile: the tile holds the size, the caption the rest.
+    c1.metric("Chosen tree", f"{chosen['total_tokens']} tokens", help=state.budget_label(chosen))
+    c1.caption(state.budget_label(chosen))
     c2.metric("Expected speedup over vanilla", f"{report['expected_speedup']:.2f}x",
               help="Expected tokens per round / measured round cost, against one-token forwards")
     c3.metric("Expected τ (tokens per round)", f"{report['expected_accept_length']:.2f}",
@@ -29,7 +32,7 @@ def show_tables(report: dict) -> None:
     costs = pd.DataFrame({"tokens": [int(n) for n in report["t_verify"]],
                           "ms": [1000 * t for t in report["t_verify"].values()]})
     st.dataframe(costs, hide_index=True, key="budget_costs")
-    st.caption(f"Cost cache: {report['costs_file']} · report: {report['auto_file']}")
+    st.caption(f"Cost cache: {state.short_path(report['costs_file'])} · report: {state.short_path(report['auto_file'])}")
 
 
 def main() -> None:
@@ -37,7 +40,7 @@ def main() -> None:
     st.caption("`--budget auto` picks the tree size, depth, top-k and draft vocabulary with the most "
                "expected tokens/s: expected accepted length (replayed from recorded draft trees) over the "
                "round cost measured on this machine.")
-    models = state.get_models()
+    models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
     refresh = st.button("Measure this machine again", key="budget_refresh",
                         help="Re-time the verify and draft passes and recalibrate (about a minute)")

@@ -8,6 +8,7 @@ import streamlit as st
 from analysis.figures import accept_length_figure, tree_figure
 from analysis.tables import mode_summary, steps_frame
 from app import exports, render, runner, state
+from app.persist import save, seed
 from app.settings import settings_form
 from eagle.config import DecodeConfig
 from eagle.decode import PromptError
@@ -53,8 +54,8 @@ def show_column(mode: str, trace: Trace, pruned: bool) -> None:
 
 
 def show_results(results: dict[str, Trace]) -> None:
-    pruned = st.toggle("Show reranked-away nodes (faded)", value=False, key="cmp_pruned",
-                       help="Off by default here: two full trees side by side get crowded")
+    pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "cmp_pruned", False,
+                                      help="Off by default here: two full trees side by side get crowded")
     for mode, col in zip(MODES, st.columns(2)):
         if mode in results and results[mode].steps:
             with col:
@@ -62,7 +63,9 @@ def show_results(results: dict[str, Trace]) -> None:
     traces = [t for t in results.values() if t.steps]
     steps = steps_frame(traces)
     st.subheader("Side by side")
-    st.dataframe(mode_summary(steps), hide_index=True, key="cmp_summary")
+    # One column per mode, one row per measure: thirteen measures side by side would not fit.
+    summary = mode_summary(steps).set_index("mode").T.astype(float).round(3)
+    st.dataframe(summary, key="cmp_summary", width="stretch")
     hist = accept_length_figure(steps)
     render.show_figure(hist, key="cmp_hist")
     exports.figure_download(hist, key="cmp_hist_dl", stem="accept_length")
@@ -71,10 +74,12 @@ def show_results(results: dict[str, Trace]) -> None:
 
 def main() -> None:
     st.title("Static vs dynamic")
-    models = state.get_models()
+    models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
     cfg, error = settings_form("cmp", modes=False, auto=lambda: state.auto_budget(models))
+    seed("cmp_prompt", "")
     prompt = st.text_input("Prompt", key="cmp_prompt", placeholder="Write a haiku about draft trees.")
+    save("cmp_prompt")
     clicked = st.button("Run both modes", key="cmp_run", type="primary")
     if error:
         st.error(error)

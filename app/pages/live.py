@@ -3,118 +3,61 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.figures import tree_figure
-from app import exports, render, runner, state
+from app import live, state
 from app.settings import settings_form
-from eagle.config import DecodeConfig
-from eagle.decode import PromptError
-from eagle.trace import Trace
 
-try:
-    from st_keyup import st_keyup  # generate-as-you-type; optional
-except ImportError:  # without it the prompt box generates on Enter
-    st_keyup = None
+INTRO = """
+**One round** = draft → verify → accept. The draft head (one decoder layer over the target's own
+features) grows a tree of candidate next tokens; the target checks the whole tree in **one** forward
+pass (tree attention mask); the longest path the target agrees with is the **accepted path** (red),
+and the target's own next token after it is the **bonus token** (diamond), free because that same
+pass computed it. A round therefore commits accepted drafts + 1 tokens; round 0 is the prefill.
 
-RUN, RUN_ID, STOP = "live_run", "live_run_id", "live_stop_requested"
-PROMPT_KEY = "live_prompt"
-DEBOUNCE_MS = 700  # long enough not to restart the decoder on every keystroke
+**τ** = new tokens / target forward passes (the prefill counts as one). Plain decoding has τ = 1;
+the speed-up is roughly τ × t(1) / t(round), so a bigger tree only pays if verifying it stays cheap.
 
+**The tree budget**, e.g. "8 tokens, tree depth 2 (--depth 1), top-k 6, vocabulary 4096": the
+target verifies 8 nodes a round (root included, `total_tokens`); **depth** is a node's level below
+the root (the root's children are depth 1), the same depth the analysis pages and traces use, and
+the CLI's `--depth` counts the draft's expansion steps after those children, so the tree reaches
+`--depth` + 1; top-k is the children per expanded node and the beam width; vocabulary K means the
+draft scores only the K most frequent tokens (verification stays exact over the full vocabulary).
 
-def prompt_box() -> str:
-    label = "Prompt (generates as you type; Enter also runs)" if st_keyup else "Prompt (Enter to generate)"
-    hint = "Explain speculative decoding in one sentence."
-    if st_keyup is not None:
-        return st_keyup(label, key=PROMPT_KEY, debounce=DEBOUNCE_MS, placeholder=hint)
-    return st.text_input(label, key=PROMPT_KEY, placeholder=hint)
-
-
-def request_stop() -> None:
-    st.session_state[STOP] = True
-
-
-def settle_stop() -> None:
-    """A Stop click interrupts the running script; on the rerun, keep the partial trace as stopped."""
-    if not st.session_state.pop(STOP, False):
-        return
-    trace = st.session_state.get(RUN)
-    if trace is not None and not runner.is_complete(trace):
-        trace.header.meta["finished"] = "stopped"
-        state.add_trace(trace)
-
-
-def needs_run(trace: Trace | None, prompt: str, cfg: DecodeConfig) -> bool:
-    """New prompt or settings, or the last run was interrupted by a rerun (not by Stop)."""
-    return not runner.matches(trace, prompt, cfg) or not runner.is_complete(trace)
-
-
-def show_stream(trace: Trace) -> None:
-    render.show_tokens(trace)
-    render.show_metrics(trace)
-    step = runner.last_step(trace)
-    if step is not None:
-        render.show_figure(render.fit_tree(tree_figure(step)), key=f"live_stream_tree_{len(trace.steps)}")
-
-
-def generate(models: state.Models, prompt: str, cfg: DecodeConfig) -> Trace | None:
-    try:
-        decoder, ids, trace = runner.prepare(models, prompt, cfg)
-    except (PromptError, ValueError) as err:
-        st.error(str(err))
-        return None
-    st.session_state[RUN] = trace
-    st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1
-    st.session_state.pop(STOP, None)
-    stop_slot, live = st.empty(), st.empty()
-    stop_slot.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)
-
-    def on_step(tr: Trace) -> bool:
-        with live.container():
-            show_stream(tr)
-        return bool(st.session_state.get(STOP))
-
-    runner.run(models, decoder, ids, trace, on_step,
-               on_wait=lambda: live.info(runner.WAIT_MESSAGE))
-    stop_slot.empty()
-    live.empty()
-    state.add_trace(trace)
-    return trace
-
-
-def show_trace(trace: Trace) -> None:
-    render.show_tokens(trace)
-    render.show_metrics(trace)
-    if trace.header.meta.get("finished") == "stopped":
-        st.caption(f"Stopped by the user after {len(trace.steps) - 1} round(s).")
-    step = render.pick_step(trace, key=f"live_step_{st.session_state.get(RUN_ID, 0)}")
-    pruned = st.toggle("Show reranked-away nodes (faded)", value=True, key="live_pruned")
-    fig = tree_figure(step, show_pruned=pruned)
-    render.show_figure(render.fit_tree(fig), key="live_tree")
-    st.dataframe(render.nodes_table(step), hide_index=True, key="live_nodes")
-    st.subheader("Downloads")
-    exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}")
-    exports.trace_downloads([trace], key="live_trace", stem="trace")
-    st.caption(f"All {len(state.session_traces())} trace(s) of this session:")
-    exports.trace_downloads(state.session_traces(), key="live_all", stem="session_traces")
+**Rates**: *decoder tok/s* is the decoding alone (the rounds' own timings), *wall-clock tok/s*
+includes drawing this page. Text backgrounds alternate per round: a long run of one colour is a
+round that accepted many drafts.
+"""
 
 
 def main() -> None:
     st.title("Live explorer")
-    models = state.get_models()
+    with st.expander("How to read this page", expanded=not state.session_traces()):
+        st.markdown(INTRO)
+    models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
-    cfg, error = settings_form("live", auto=lambda: state.auto_budget(models))
-    prompt = prompt_box()
+    report: dict = {}
+
+    def auto() -> dict:
+        report.update(state.auto_budget(models))
+        return report
+
+    cfg, error = settings_form("live", auto=auto)
+    prompt = live.prompt_box()
     if error:
         st.error(error)
         return
-    settle_stop()
+    live.settle_stop()
     if not prompt.strip():
         st.info("Type a prompt to start: each pause in typing (or Enter) decodes it with these settings.")
         return
-    trace = st.session_state.get(RUN)
-    if needs_run(trace, prompt, cfg):
-        trace = generate(models, prompt, cfg)
+    if not live.long_prompt_ok(models, prompt, cfg, lambda: report or state.auto_budget(models)):
+        return
+    slots = live.Slots.make()
+    trace = st.session_state.get(live.RUN)
+    if live.needs_run(trace, prompt, cfg):
+        trace = live.generate(models, prompt, cfg, slots)
     if trace is not None:
-        show_trace(trace)
+        live.show_trace(trace, slots)
 
 
 main()

@@ -1,0 +1,31 @@
+"""The benchmark's measured speed-up of the auto budget, read from the newest `eagle bench` run
+under runs/bench (summary.json), so the sidebar can put it next to auto's expectation."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "runs" / "bench"
+AUTO_MODES = ("dynamic:auto", "dynamic:adaptive")
+
+
+@dataclass(frozen=True)
+class Measured:
+    speedup: float
+    where: str  # which run, as the user can find it
+
+
+def measured_auto_speedup(bench_dir: Path = BENCH_DIR) -> Measured | None:
+    """The newest run that measured an auto (or adaptive) budget against vanilla, or None."""
+    for summary in sorted(bench_dir.glob("*/summary.json"), reverse=True):
+        try:
+            modes = json.loads(summary.read_text(encoding="utf-8")).get("modes", {})
+        except (OSError, ValueError):  # a run being written or a broken file: try an older one
+            continue
+        for mode in AUTO_MODES:
+            speedup = (modes.get(mode) or {}).get("speedup")
+            if isinstance(speedup, (int, float)) and math.isfinite(speedup):
+                return Measured(float(speedup), f"{mode}, runs/bench/{summary.parent.name}")
+    return None

@@ -1,0 +1,255 @@
+"""Live page speed against the decoder, side by side in one run.
+
+Starts `streamlit run app/main.py`, drives it with Debian's headless Chromium (1400x1000), types a
+prompt, and records in the page itself (a 50 ms sampler, so the driver does not poll the machine
+busy) when the first draft tree appears and how the token count grows. `python -m eagle generate
+--json` decodes the same prompt with the same settings before and after the page run.
+
+    .venv/bin/python scripts/bench_live.py [--prompt TEXT] [--max-new-tokens 48]
+
+Prints time to first tree (from the last key press), the page's tokens/s, the decoder's tokens/s
+and their ratio. The browser test (tests/test_app_browser.py) uses the same driver functions."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1400,1000"]
+PROMPT = "Explain why the sky is blue in two sentences."
+DEBOUNCE_S = 0.7  # app/live.py's DEBOUNCE_MS
+
+# The keyup component renders its <input> inside a shadow root (isolated styles).
+FIND_PROMPT = """
+for (const e of document.querySelectorAll('*')) {
+  const i = e.shadowRoot && e.shadowRoot.querySelector('input.stkeyup__input');
+  if (i) return i;
+}
+return document.querySelector('input[aria-label^="Prompt"]');
+"""
+# Samples [ms, tokens shown, a tree drawn, finished] every 50 ms until stopped; cheap for the page.
+START_SAMPLER = """
+window.__live = [];
+const metric = (label) => {
+  for (const m of document.querySelectorAll('[data-testid="stMetric"]')) {
+    const l = m.querySelector('[data-testid="stMetricLabel"]');
+    if (l && l.innerText.trim() === label) return m.querySelector('[data-testid="stMetricValue"]').innerText;
+  }
+  return null;
+};
+window.__liveTimer = setInterval(() => {
+  const tokens = parseInt(metric('Tokens') || '0');
+  const tree = document.querySelector('.js-plotly-plot') !== null;
+  const done = document.querySelector('[data-testid="stSlider"]') !== null;
+  window.__live.push([performance.now(), tokens, tree, done]);
+}, 50);
+return performance.now();
+"""
+METRIC = """
+for (const m of document.querySelectorAll('[data-testid="stMetric"]')) {
+  const l = m.querySelector('[data-testid="stMetricLabel"]');
+  if (l && l.innerText.trim() === arguments[0]) return m.querySelector('[data-testid="stMetricValue"]').innerText;
+}
+return null;
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError("streamlit did not become healthy")
+
+
+@contextmanager
+def streamlit_server(log_path: Path) -> Iterator[str]:
+    """`streamlit run app/main.py` on a free local port; yields its URL and stops it afterwards."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless",
+                                 "true", "--server.port", str(port), "--server.address", "127.0.0.1",
+                                 "--browser.gatherUsageStats", "false"],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """Headless Chromium through the system chromedriver, offline, logging every network request."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a driver or browser
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    drv = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def requested_urls(drv) -> list[str]:
+    """Every URL the page asked the network for since the last call (Chrome's performance log)."""
+    urls = []
+    for entry in drv.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg.get("method") == "Network.requestWillBeSent":
+            urls.append(msg["params"]["request"]["url"])
+    return urls
+
+
+def outside_requests(drv) -> list[str]:
+    """Network requests that left this machine (the browser's own chrome:// pages do not)."""
+    local = ("http://127.0.0.1", "ws://127.0.0.1")
+    return [u for u in requested_urls(drv) if u.startswith(("http", "ws")) and not u.startswith(local)]
+
+
+def body_text(drv) -> str:
+    from selenium.webdriver.common.by import By
+    return drv.find_element(By.TAG_NAME, "body").text
+
+
+def metric(drv, label: str) -> str | None:
+    return drv.execute_script(METRIC, label)
+
+
+def set_number(drv, label: str, value: int) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    box = drv.find_element(By.CSS_SELECTOR, f'input[aria-label="{label}"]')
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(str(value), Keys.ENTER)
+
+
+def open_live(drv, url: str, max_new_tokens: int, timeout: float = 300) -> None:
+    """Load the page (the first load brings the model up) and set the answer length."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    wait = WebDriverWait(drv, timeout, poll_frequency=0.5)
+    drv.get(url)
+    wait.until(lambda d: d.execute_script(FIND_PROMPT))
+    wait.until(lambda d: "Type a prompt" in body_text(d))
+    set_number(drv, "Max new tokens", max_new_tokens)
+    wait.until(lambda d: d.execute_script("return document.querySelector('input[aria-label=\"Max new tokens\"]')"
+                                          ".value") == str(max_new_tokens))
+    time.sleep(1.0)  # the rerun that took the new value
+
+
+@dataclass
+class PageRun:
+    first_tree_s: float  # last key press -> first tree drawn
+    tokens: int
+    page_tokens_per_s: float  # tokens shown after the first, over the time they took to appear
+    decoder_tokens_per_s: float  # the page's own "Decoder tok/s" (the rounds' timings)
+    wall_tokens_per_s: float  # the page's "Wall-clock tok/s"
+
+
+def type_and_measure(drv, prompt: str, timeout: float = 300) -> PageRun:
+    """Type into an empty prompt box, wait for the finished generation, read the page's samples."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    box = drv.execute_script(FIND_PROMPT)
+    box.send_keys(prompt)  # generates after the debounce, no Enter needed
+    last_key = drv.execute_script(START_SAMPLER)
+    WebDriverWait(drv, timeout, poll_frequency=1.0).until(
+        lambda d: d.execute_script("return window.__live.some(s => s[3] && s[1] > 0)"))
+    time.sleep(0.3)  # the finished view's metrics settle
+    samples = drv.execute_script("clearInterval(window.__liveTimer); return window.__live;")
+    first_tree = next(t for t, _, tree, _ in samples if tree)
+    shown = [(t, n) for t, n, _, _ in samples if n > 0]
+    t_first, n_first = shown[0]
+    t_done, n_done = next((t, n) for t, n, _, done in samples if done and n > 0)
+    last_grow = next(t for t, n in shown if n == n_done)  # when the final count first appeared
+    rate = (n_done - n_first) / ((last_grow - t_first) / 1000) if last_grow > t_first else float("nan")
+    return PageRun((first_tree - last_key) / 1000, n_done, rate, float(metric(drv, "Decoder tok/s")),
+                   float(metric(drv, "Wall-clock tok/s")))
+
+
+def cli_generate(prompt: str, max_new_tokens: int) -> dict:
+    """`python -m eagle generate --json` on the same prompt and settings as the page's defaults."""
+    out = subprocess.run([sys.executable, "-m", "eagle", "generate", "--prompt", prompt, "--max-new-tokens",
+                          str(max_new_tokens), "--json"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
+    before = cli_generate(prompt, max_new_tokens)
+    with streamlit_server(log) as url, chromium() as drv:
+        open_live(drv, url, max_new_tokens)
+        type_and_measure(drv, "Say hello.")  # warm-up: model, auto budget, first-call allocations
+        open_live(drv, url, max_new_tokens)
+        page = type_and_measure(drv, prompt)
+        outside = outside_requests(drv)
+    after = cli_generate(prompt, max_new_tokens)
+    decoder = statistics.mean([before["tokens_per_second"], after["tokens_per_second"]])
+    return {"prompt": prompt, "max_new_tokens": max_new_tokens, "first_tree_s": round(page.first_tree_s, 3),
+            "first_tree_after_debounce_s": round(page.first_tree_s - DEBOUNCE_S, 3), "page_tokens": page.tokens,
+            "page_tokens_per_s": round(page.page_tokens_per_s, 2),
+            "page_wall_clock_tokens_per_s": round(page.wall_tokens_per_s, 2),
+            "page_decoder_tokens_per_s": round(page.decoder_tokens_per_s, 2),
+            "cli_tokens_per_s": [before["tokens_per_second"], after["tokens_per_second"]],
+            "cli_tokens": [before["new_tokens"], after["new_tokens"]], "cli_config": before["config"],
+            "ratio_page_vs_cli": round(page.page_tokens_per_s / decoder, 3), "outside_requests": outside}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_live_streamlit.log")
+    args = p.parse_args()
+    result = bench(args.prompt, args.max_new_tokens, args.log)
+    print(f"time to first tree: {result['first_tree_s']:.2f} s after the last key "
+          f"({result['first_tree_after_debounce_s']:.2f} s after the {DEBOUNCE_S} s debounce)")
+    print(f"page: {result['page_tokens_per_s']:.1f} tok/s as seen in the browser "
+          f"(page's wall clock {result['page_wall_clock_tokens_per_s']:.1f}, its decoder "
+          f"{result['page_decoder_tokens_per_s']:.1f}); eagle generate: {result['cli_tokens_per_s']} tok/s")
+    print(f"ratio page / eagle generate: {result['ratio_page_vs_cli']:.2f}; outside requests: "
+          f"{len(result['outside_requests'])}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
