@@ -119,11 +119,10 @@ def test_invalid_setting_is_one_sentence(live):
     assert [e.value for e in live.error] == ["Invalid setting: total_tokens must be in 1..1024, got 0."]
 
 
-def test_stop_keeps_the_partial_trace(traces):
-    """A Stop click interrupts the script; the next run marks the partial trace stopped, no rerun."""
-    full = traces[0]
+def _stopped_after(full, steps: int):
+    """The live page rerun after a Stop click that interrupted `full` after `steps` records."""
     partial = copy.deepcopy(full)
-    partial.steps, partial.header.meta["finished"] = partial.steps[:3], None
+    partial.steps, partial.header.meta["finished"] = partial.steps[:steps], None
     at = _page("live").run()
     _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
     _type_prompt(at, full.header.prompt)
@@ -131,6 +130,12 @@ def test_stop_keeps_the_partial_trace(traces):
     at.session_state["live_stop_requested"] = True
     at.run()
     _no_trouble(at)
+    return at, partial
+
+
+def test_stop_keeps_the_partial_trace(traces):
+    """A Stop click interrupts the script; the next run marks the partial trace stopped, no rerun."""
+    at, partial = _stopped_after(traces[0], 3)
     assert at.session_state["live_run"] is partial
     assert partial.header.meta["finished"] == "stopped" and len(partial.steps) == 3
     assert any("Stopped by the user" in c.value for c in at.caption)
@@ -285,16 +290,7 @@ def test_long_prompt_warns_then_runs_on_request():
 
 
 def test_stop_at_the_prefill_shows_no_empty_tree(traces):
-    full = traces[0]
-    partial = copy.deepcopy(full)
-    partial.steps, partial.header.meta["finished"] = partial.steps[:1], None
-    at = _page("live").run()
-    _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
-    _type_prompt(at, full.header.prompt)
-    at.session_state["live_run"] = partial
-    at.session_state["live_stop_requested"] = True
-    at.run()
-    _no_trouble(at)
+    at, partial = _stopped_after(traces[0], 1)
     assert not at.get("plotly_chart")
     assert any("Round 0 is the prefill" in i.value for i in at.info)
 
