@@ -103,8 +103,11 @@ class DistillStore:
             data = (self.root / chunk["file"]).read_bytes()
             if hashlib.sha256(data).hexdigest() != chunk["sha256"]:
                 raise ValueError(f"{self.root / chunk['file']} does not match its manifest hash: restore it from git.")
-            for line in gzip.decompress(data).decode("utf-8").splitlines():
-                yield json.loads(line)
+            # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which
+            # json.dumps(ensure_ascii=False) leaves raw inside a reply's text
+            for line in gzip.decompress(data).decode("utf-8").split("\n"):
+                if line:
+                    yield json.loads(line)
 
     def read_open(self, stats: ReadStats | None = None) -> dict[int, dict]:
         """Records of the unsealed window (ids past next_index). A torn last line is cut so appends
