@@ -28,6 +28,7 @@ from tqdm import tqdm
 from .cli import add_decode_args, check_runtime_args, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
+from .files import atomic_write
 from .lossless import first_divergence, is_precision_flip, logit_gap_at
 from .target import DTYPES, ModelLoadError, Target, dtype_name
 from .trace import StepRecord, Trace, TraceHeader, read_trace, write_trace
@@ -482,12 +483,6 @@ def steps_table(results: list[Result], configs: dict[str, dict]):
     return pd.DataFrame(rows)
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _clean(obj):
     """NaN -> None, so the JSON is strict (json.dumps would write NaN)."""
     if isinstance(obj, float):
@@ -502,11 +497,11 @@ def _clean(obj):
 def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dict[str, dict]) -> None:
     plan.out.mkdir(parents=True, exist_ok=True)
     table = steps_table(results, configs)
-    _atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
+    atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
     text = json.dumps(_clean(summary), indent=2, ensure_ascii=False)
-    _atomic_write(plan.out / "summary.json", lambda p: p.write_text(text, encoding="utf-8"))
+    atomic_write(plan.out / "summary.json", text)
     markdown = summary_markdown(summary)
-    _atomic_write(plan.out / "summary.md", lambda p: p.write_text(markdown, encoding="utf-8"))
+    atomic_write(plan.out / "summary.md", markdown)
 
 
 def _fmt(x, spec: str) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import statistics
 import time
@@ -37,6 +36,7 @@ from .adaptive import RoundCosts, interpolate
 from .config import DecodeConfig
 from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
 from .draft import Drafter, draft_dynamic
+from .files import atomic_write_json, read_json_or_none
 from .head import DraftHead
 from .target import Target, cache_dir, device_name
 from .trace import StepRecord, Trace
@@ -122,10 +122,7 @@ def load_costs(key: str) -> Costs | None:
 
 def save_costs(costs: Costs) -> Path:
     path = cost_path(costs.key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(costs.to_json(), indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, costs.to_json(), indent=1)
     return path
 
 
@@ -524,15 +521,12 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
     settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
     fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
-    report = None if refresh else _read_json(path)
+    report = None if refresh else read_json_or_none(path)
     if report is not None and measured_under_load(report["t_verify"]["1"], probe_t1(target, head)):
         report, refresh = None, True  # its costs were timed under load: measure and choose again
     if report is None:
         report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_json(path, report, indent=1)
     report = {**report, "auto_file": str(path)}
     return base_cfg.with_(**report["chosen"]), report
 
@@ -565,10 +559,3 @@ def tuned_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, budget
         return cfg, None, report
     costs = adaptive_costs(report)
     return cfg.with_(total_tokens=len(costs.verify)), costs, report
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing or half-written: compute again
-        return None

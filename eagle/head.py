@@ -3,7 +3,6 @@ and the target's own lm_head. Loads and saves the official checkpoint layout."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from .files import atomic_write, atomic_write_json
 from .kvcache import KVCache, prefix_mask
 
 COUNTS_FILE = "token_counts.safetensors"
@@ -142,13 +142,12 @@ def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()
              if include_embedding or not k.startswith("embed_tokens.")}
-    save_file(state, str(path / "model.safetensors.tmp"))
-    (path / "model.safetensors.tmp").replace(path / "model.safetensors")
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = head.config.to_dict()
     config["architectures"] = ["LlamaForCausalLM"]
-    (path / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write_json(path / "config.json", config)
     if int(head.token_counts.sum()) > 0:
-        save_file({"token_counts": head.token_counts.cpu()}, str(path / COUNTS_FILE))
+        atomic_write(path / COUNTS_FILE, lambda tmp: save_file({"token_counts": head.token_counts.cpu()}, str(tmp)))
 
 
 def new_head(target, seed: int = 0) -> DraftHead:

@@ -20,10 +20,11 @@ The root node is the last token the target produced; its confidence and value ar
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from .files import atomic_write
 
 SCHEMA, VERSION = "eagle2-explorer/trace", 1
 
@@ -101,14 +102,11 @@ class TraceFormatError(ValueError):
 
 def write_trace(path: str | Path, traces: Iterable[Trace]) -> None:
     """Write traces atomically (temp file + rename): a crash never leaves a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for trace in traces:
-            f.write(json.dumps(trace.header.to_dict(), ensure_ascii=False) + "\n")
-            for step in trace.steps:
-                f.write(json.dumps(step.to_dict(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    lines = []
+    for trace in traces:
+        lines.append(json.dumps(trace.header.to_dict(), ensure_ascii=False) + "\n")
+        lines += [json.dumps(step.to_dict(), ensure_ascii=False) + "\n" for step in trace.steps]
+    atomic_write(path, "".join(lines))
 
 
 class TraceWriter:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ from tqdm import tqdm
 
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
+from .files import atomic_write, atomic_write_json
 from .head import COUNTS_FILE, DraftHead, load_head, new_head, save_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 
@@ -49,15 +49,7 @@ def _logger(name: str, log_path: Path) -> logging.Logger:
 
 def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Write then rename, so an interrupted run never leaves a half-written file that looks finished."""
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-
-
-def _write_json_atomic(obj: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
 # --- feature extraction ---------------------------------------------------------------------------
@@ -160,7 +152,7 @@ def prepare_features(target: Target, out_dir: str | Path, n_conversations: int =
     log.info("samples: %d train (%d tokens, %d masked), %d held-out (%d tokens)", stats.train_samples,
              stats.train_tokens, stats.train_masked_tokens, stats.heldout_samples, stats.heldout_tokens)
     _write_shards(target, samples, out_dir, shard_size, stats, log)
-    _write_json_atomic({**manifest, "stats": asdict(stats)}, out_dir / MANIFEST)
+    atomic_write_json(out_dir / MANIFEST, {**manifest, "stats": asdict(stats)})
     log.info("done: %s", asdict(stats))
     return stats
 
@@ -331,9 +323,7 @@ def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, ste
                  gen=gen.get_state(), rng=torch.get_rng_state())
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
@@ -438,7 +428,7 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
     for dest in [out_dir / "head"] + ([Path(final_dir)] if final_dir else []):
         save_head(head, dest)
         log.info("saved head to %s", dest)
-    _write_json_atomic(summary, out_dir / "summary.json")
+    atomic_write_json(out_dir / "summary.json", summary)
     return summary
 
 
