@@ -29,9 +29,10 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 @torch.inference_mode()
-def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> float:
-    """The target's top-1 minus top-2 logit for new token `position` of the greedy `reference`
-    continuation: the prefix as one forward, then the last token alone, as vanilla decoding runs it."""
+def top2_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[list[int], float]:
+    """The target's two best tokens for new token `position` of the greedy `reference` continuation
+    and their logit gap (top-1 minus top-2): the prefix as one forward, then the last token alone,
+    as vanilla decoding runs it."""
     seq = list(prompt_ids) + list(reference[:position])
     dev = target.device
     cache = target.new_cache(len(seq) + 1)
@@ -39,8 +40,13 @@ def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], po
     if len(seq) > 1:
         target.forward(ids[:, :-1], torch.arange(len(seq) - 1, device=dev)[None], cache, 0, logits_rows=slice(0, 0))
     logits, _ = target.forward(ids[:, -1:], torch.tensor([[len(seq) - 1]], device=dev), cache, len(seq) - 1)
-    top = logits[0, -1].float().topk(2).values
-    return float(top[0] - top[1])
+    top = logits[0, -1].float().topk(2)
+    return [int(i) for i in top.indices], float(top.values[0] - top.values[1])
+
+
+def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> float:
+    """The top-2 logit gap of `top2_at`: the margin vanilla had where another decoder parted from it."""
+    return top2_at(target, prompt_ids, reference, position)[1]
 
 
 def is_precision_flip(dtype: torch.dtype, gap: float) -> bool:
