@@ -116,6 +116,8 @@ def regenerate(target: Target, convs: list[Conversation], store_dir: str | Path,
     store_dir, window by window (see eagle.distill_store). Resumes where any earlier run stopped."""
     store = DistillStore.open(store_dir, distill_settings(target, cfg))
     stats = DistillStats(conversations=len(convs), already_done=store.next_index)
+    if store.next_index >= len(convs):
+        return stats  # covered by sealed chunks: nothing to write, so no lock (a running job may hold it)
     with exclusive_lock(store.root / ".lock", str(store.root)):
         bar = tqdm(total=len(convs), initial=min(store.next_index, len(convs)), desc="self-distill",
                    unit="conv", disable=not progress)

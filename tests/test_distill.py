@@ -12,6 +12,7 @@ import torch
 from eagle.data import _render_ids, read_sharegpt
 from eagle.distill import DistillConfig, first_exchange, generate_batch, read_distilled, regenerate
 from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
+from eagle.files import BusyError, exclusive_lock
 from eagle.head import load_head
 from eagle.train import _trainable_state, prepare_features, train_head
 
@@ -69,6 +70,18 @@ def test_store_refuses_other_settings_and_a_changed_chunk(target, convs, tmp_pat
     chunk.write_bytes(chunk.read_bytes() + b"x")
     with pytest.raises(ValueError, match="hash"):
         DistillStore.open(tmp_path).records()
+
+
+def test_a_covered_store_is_read_while_another_run_holds_its_lock(target, convs, tmp_path: Path,
+                                                                 single_thread) -> None:
+    """prepare --self-distill over conversations the sealed chunks already cover needs no lock, so it
+    runs beside the background distill job; asking for more than is sealed still says busy."""
+    regenerate(target, convs[:3], tmp_path, CFG, progress=False, window=3)
+    with exclusive_lock(tmp_path / ".lock", "the store"):
+        again = regenerate(target, convs[:3], tmp_path, CFG, progress=False, window=3)
+        assert again.already_done == 3 and again.regenerated == 0
+        with pytest.raises(BusyError):
+            regenerate(target, convs[:4], tmp_path, CFG, progress=False, window=3)
 
 
 def test_the_committed_store_reads_back() -> None:
