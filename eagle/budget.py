@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from .draft import Drafter, draft_dynamic
 from .files import atomic_write_json, read_json_or_none
 from .head import DraftHead
 from .target import Target, cache_dir, device_name
+from .timing import time_interleaved
 from .trace import StepRecord, Trace
 from .tree import rerank
 
@@ -189,22 +189,6 @@ class _Probe:
         return run
 
 
-def _time_interleaved(jobs: dict[str, Callable[[], None]], repeats: int, desc: str) -> dict[str, float]:
-    """Median seconds per job. Jobs run round-robin (one warm-up pass first), so load that drifts
-    during the measurement hits every job alike instead of biasing the later ones."""
-    times: dict[str, list[float]] = {name: [] for name in jobs}
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for r in tqdm(range(repeats + 1), desc=desc, unit="pass", leave=False):
-        for name, job in jobs.items():
-            sync()
-            t0 = time.perf_counter()
-            job()
-            sync()
-            if r > 0:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def _fitting_contexts(target: Target, contexts: tuple[int, ...], max_n: int) -> tuple[int, ...]:
     """The context lengths whose probe fits in the model's context (a tiny test model has little)."""
     return tuple(c for c in contexts if c + max_n + 8 <= target.max_context)
@@ -224,7 +208,7 @@ def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple
             jobs[f"d{k}/{v}@{DEPTH_PROBE}"] = probe.draft(k, v, DEPTH_PROBE)
     jobs["overhead"] = probe.overhead()
     with torch.inference_mode():
-        t = _time_interleaved(jobs, repeats, "measure costs")
+        t = time_interleaved(jobs, repeats, "measure costs")
     draft = {}
     for k in top_ks:
         for v in vocabs:
@@ -244,7 +228,7 @@ def probe_t1(target: Target, head: DraftHead, prefix_len: int = PREFIX_LEN, repe
     """A quick (~1 s) timing of a one-token verify, to check a cached measurement against."""
     probe = _Probe(target, head, prefix_len, 1)
     with torch.inference_mode():
-        return _time_interleaved({"v1": probe.verify(1)}, repeats, "check costs")["v1"]
+        return time_interleaved({"v1": probe.verify(1)}, repeats, "check costs")["v1"]
 
 
 def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:

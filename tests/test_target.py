@@ -114,3 +114,22 @@ def test_cli_bad_input_is_one_clear_sentence(args, message):
     out = _cli("generate", *args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_auto_dtype_picks_the_faster_measured_and_caches_it(tmp_path, monkeypatch, single_thread):
+    """--dtype auto on a CPU: the dtype with the least t(1) + t(8) wins; the second call reads the
+    cache instead of timing again, and `refresh` times anew."""
+    from eagle import target as target_mod
+    from tests.tiny import tiny_target
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    tiny = tiny_target()
+    first = target_mod.choose_cpu_dtype(tiny)
+    ms = first["ms"]
+    assert set(ms) == {"float32", "bfloat16"} and all(set(v) == {"1", "8"} for v in ms.values())
+    assert first["chosen"] == min(ms, key=lambda d: sum(ms[d].values())) and first["chosen"] in first["reason"]
+    assert tiny.dtype == torch.float32  # measured on copies
+    calls = []
+    monkeypatch.setattr(target_mod, "measure_dtypes", lambda t: calls.append(t) or {
+        "float32": {1: 2.0, 8: 2.0}, "bfloat16": {1: 1.0, 8: 1.0}})
+    assert target_mod.choose_cpu_dtype(tiny)["ms"] == ms and not calls
+    assert target_mod.choose_cpu_dtype(tiny, refresh=True)["chosen"] == "bfloat16" and len(calls) == 1
