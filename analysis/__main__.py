@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from eagle.files import run_guarded
+
 from .export import load_traces, write_figures, write_tables
 from .report import build_figures, build_tables
 from .tables import nodes_frame, steps_frame
@@ -24,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def figures_command(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a directory: give a directory for the figures.")
     traces, messages = load_traces(args.traces)
     for message in messages:
         print(f"warning: {message}", file=sys.stderr)
@@ -45,11 +49,7 @@ def figures_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        return figures_command(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_guarded(lambda: figures_command(args))
 
 
 if __name__ == "__main__":

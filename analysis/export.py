@@ -28,7 +28,8 @@ class ExportResult:
 
 def load_traces(path: str | Path) -> tuple[list[Trace], list[str]]:
     """Every trace in a .jsonl file, or in every *.jsonl of a directory (sorted, not recursive), and
-    one message per file that had skipped lines or could not be read at all."""
+    one message per problem of a file: skipped lines, dropped (mixed) traces, interrupted
+    generations, or a file that could not be read at all."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no trace file or directory at {path}")
@@ -42,8 +43,7 @@ def load_traces(path: str | Path) -> tuple[list[Trace], list[str]]:
             messages.append(f"{file}: skipped, not a readable trace ({err})")
             continue
         traces += found
-        if report.skipped_lines:
-            messages.append(f"{file}: skipped {report.skipped_lines} bad line(s); first: {report.errors[0]}")
+        messages += report.messages(file)
     return traces, messages
 
 

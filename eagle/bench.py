@@ -6,8 +6,10 @@ so a sweep of budgets runs under the same machine load as its baselines.
 
 --out holds: traces/<mode>.jsonl (every trace; an hf trace is a header and one summary step),
 steps.parquet (one row per step) and summary.json. Each finished generation is appended (one
-write, fsynced) to its mode's trace file; a rerun with the same --out skips every (question, turn,
-mode) already there, so an interrupted bench loses no finished work.
+locked write, fsynced) to its mode's trace file; a rerun with the same --out skips every (question,
+turn, mode) already there, so an interrupted bench loses no finished work. A stored generation is
+reused only if it was made with the same settings, model, head weights and question text (else the
+run is refused, naming what differs); one lock per --out keeps a second run from doing it all twice.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -25,13 +26,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .cli import add_decode_args, check_runtime_args, config_from_args, load_pair
+from .budget import head_fingerprint, tuned_config
+from .cli import add_decode_args, check_argv, check_output, check_runtime_args, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
-from .files import atomic_write
+from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from .lossless import first_divergence, is_precision_flip, logit_gap_at
-from .target import DTYPES, ModelLoadError, Target, dtype_name
-from .trace import StepRecord, Trace, TraceHeader, read_trace, write_trace
+from .target import DTYPES, Target, dtype_name
+from .trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = {"mt_bench": ROOT / "data" / "mt_bench.jsonl"}
@@ -208,6 +210,7 @@ class Pair:
     target: Target
     head: object | None
     source: str | None  # where the head came from (None without one)
+    head_sha: str | None = None  # eagle.budget.head_fingerprint of its weights (checked on resume)
 
 
 class Bench:
@@ -228,6 +231,10 @@ class Bench:
     @property
     def head_source(self) -> str | None:
         return self.pairs[self.default_dtype].source
+
+    def head_sha(self, spec: ModeSpec) -> str | None:
+        """The weights hash of the head a mode drafts with (None for modes without a head)."""
+        return self.pair(spec).head_sha if spec.kind in ("static", "dynamic") else None
 
     def dtype(self, spec: ModeSpec) -> str:
         return spec.dtype or self.default_dtype
@@ -270,7 +277,7 @@ class Bench:
                seconds: float, n_tokens: int) -> TraceHeader:
         meta = {"question_id": q.question_id, "category": q.category, "turn": turn, "mode_label": spec.label,
                 "seconds": seconds, "new_tokens": n_tokens, "threads": torch.get_num_threads(),
-                "dtype": self.dtype(spec)}
+                "dtype": self.dtype(spec), "head_sha": self.head_sha(spec)}
         if turn > 1:
             meta["messages"] = messages
         pair = self.pair(spec)
@@ -282,15 +289,7 @@ class Bench:
 Key = tuple[object, int, str]  # (question_id, turn, mode label)
 
 
-def append_trace(path: Path, trace: Trace) -> None:
-    """Append one whole trace with a single write, flushed to disk: a crash can only cut the last
-    trace short, and `load_store` drops a cut trace."""
-    lines = [json.dumps(trace.header.to_dict(), ensure_ascii=False)]
-    lines += [json.dumps(s.to_dict(), ensure_ascii=False) for s in trace.steps]
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+RESULT_META = ("question_id", "category", "turn", "mode_label", "seconds")
 
 
 def _result_of(trace: Trace) -> Result:
@@ -301,21 +300,65 @@ def _result_of(trace: Trace) -> Result:
                   float(m["seconds"]), sum(s.target_forwards for s in trace.steps), trace.steps, messages)
 
 
-def load_store(path: Path, expected_config: dict) -> dict[Key, Result]:
-    """The finished generations in one mode's trace file. A cut or unreadable trace is dropped (the
-    file is rewritten atomically without it); results made with another config are an error."""
+@dataclass(frozen=True)
+class Expected:
+    """What a stored generation must have been made with for this run to reuse it."""
+    label: str
+    config: dict
+    model: str
+    head_sha: str | None
+    questions: dict  # question_id -> Question of this run's dataset
+
+
+def _first_difference(old: dict, new: dict) -> str | None:
+    """The first setting two configs disagree on, as `name=old (this run: new)`."""
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            return f"{k}={old.get(k)!r} (this run: {new.get(k)!r})"
+    return None
+
+
+def _user_turns(trace: Trace) -> list[str]:
+    messages = trace.header.meta.get("messages") or [{"role": "user", "content": trace.header.prompt}]
+    return [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+
+
+def _check_reusable(path: Path, trace: Trace, want: Expected) -> None:
+    """Refuse, naming the difference, a stored result this run would otherwise mix with its own."""
+    h = trace.header
+    where = f"{path} (question {h.meta['question_id']}, turn {h.meta['turn']})"
+    diff = _first_difference(h.config, want.config)
+    if diff:
+        raise ValueError(f"{where} was made with {diff}: rerun with the same settings or use a new --out.")
+    if h.model != want.model:
+        raise ValueError(f"{where} was made with model {h.model!r} (this run: {want.model!r}): use a new --out.")
+    if h.meta.get("head_sha") != want.head_sha:
+        raise ValueError(f"{where} was made with another draft head (weights {h.meta.get('head_sha') or 'not recorded'}, "
+                         f"this run's {want.head_sha}): use the same --head or a new --out.")
+    q = want.questions.get(h.meta["question_id"])
+    if q is not None and _user_turns(trace) != list(q.turns[:int(h.meta["turn"])]):
+        raise ValueError(f"{where} answers another question text than the dataset now holds: use a new --out.")
+
+
+def load_store(path: Path, want: Expected) -> dict[Key, Result]:
+    """The finished generations in one mode's trace file, checked against this run (`Expected`).
+    Called under the --out lock: a torn last line (a run killed mid-append) is cut; interrupted or
+    foreign traces stay in the file untouched but are not reused."""
     if not path.is_file():
         return {}
+    cut_torn_tail(path)
     traces, report = read_trace(path)
-    complete = [t for t in traces if t.steps and t.steps[-1].finished and "mode_label" in t.header.meta]
-    for t in complete:
-        if t.header.config != expected_config:
-            raise ValueError(f"{path} holds results made with another configuration ({t.header.config}); "
-                             "use a new --out for different settings.")
-    if report.skipped_lines or len(complete) != len(traces):
-        write_trace(path, complete)
-    results = (_result_of(t) for t in complete)
-    return {(r.question_id, r.turn, r.mode): r for r in results}
+    for message in report.messages(path):
+        print(f"note: {message}", file=sys.stderr)
+    done = {}
+    for t in traces:
+        if t.interrupted or not all(k in t.header.meta for k in RESULT_META) \
+                or t.header.meta["mode_label"] != want.label:
+            continue
+        _check_reusable(path, t, want)
+        r = _result_of(t)
+        done[(r.question_id, r.turn, r.mode)] = r
+    return done
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -498,10 +541,8 @@ def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dic
     plan.out.mkdir(parents=True, exist_ok=True)
     table = steps_table(results, configs)
     atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
-    text = json.dumps(_clean(summary), indent=2, ensure_ascii=False)
-    atomic_write(plan.out / "summary.json", text)
-    markdown = summary_markdown(summary)
-    atomic_write(plan.out / "summary.md", markdown)
+    atomic_write(plan.out / "summary.json", json.dumps(_clean(summary), indent=2, ensure_ascii=False))
+    atomic_write(plan.out / "summary.md", summary_markdown(summary))
 
 
 def _fmt(x, spec: str) -> str:
@@ -587,6 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
     p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a summary.json in --out that bench did not write (refused otherwise)")
     add_decode_args(p)
     return p
 
@@ -604,7 +647,6 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
         tuned = spec.budget != "fixed" or (args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides)
         if tuned:
-            from .budget import tuned_config
             budget = spec.budget if spec.budget != "fixed" else "auto"
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
@@ -624,14 +666,34 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec]) -> tuple[dict[st
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
     target, head, source = load_pair(args, need_head)
     default = dtype_name(target.dtype)
-    pairs = {default: Pair(target, head, source)}
+    pairs = {default: Pair(target, head, source, head_fingerprint(head) if head is not None else None)}
     for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype != default}):
         other, other_head, other_source = load_pair(argparse.Namespace(**{**vars(args), "dtype": dtype}), need_head)
-        pairs[dtype] = Pair(other, other_head, other_source)
+        pairs[dtype] = Pair(other, other_head, other_source,
+                            head_fingerprint(other_head) if other_head is not None else None)
     return pairs, default
 
 
+def _check_budget_flag(budget: str | None, specs: list[ModeSpec]) -> None:
+    """bench applies --budget auto to its dynamic modes; anything else it would silently ignore."""
+    if budget == "adaptive":
+        raise ValueError("bench --budget adaptive: name the mode dynamic:adaptive in --modes instead")
+    if budget == "auto" and not any(s.kind == "dynamic" for s in specs):
+        raise ValueError("--budget auto sizes dynamic trees, but --modes has no dynamic mode")
+
+
+def _check_summary_owner(out: Path, overwrite: bool) -> None:
+    """bench rewrites its own summary.json from its traces; one it did not write is the user's."""
+    path = out / "summary.json"
+    if path.exists() and not overwrite:
+        old = read_json_or_none(path)
+        if old is None or not {"modes", "configs", "generations"} <= set(old):
+            raise ValueError(f"{path} was not written by bench: move it, use another --out, or pass --overwrite "
+                             "to replace it")
+
+
 def _bench(args: argparse.Namespace) -> int:
+    """Every check that needs no model, then the run under the --out lock."""
     questions, bad = load_questions(args.dataset)
     if bad:
         print(f"skipped {bad} bad record(s) in {args.dataset}", file=sys.stderr)
@@ -639,31 +701,43 @@ def _bench(args: argparse.Namespace) -> int:
     if not questions:
         raise ValueError(f"{args.dataset} holds no usable question")
     specs = parse_modes(args.modes)
+    _check_budget_flag(args.budget, specs)
     check_runtime_args(args)
-    pairs, default_dtype = load_pairs(args, specs)
-    configs, budget_report, costs = build_configs(args, specs, pairs, default_dtype)
     out = args.out or ROOT / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    plan, bench = Plan(questions, args.turns, specs, out), Bench(pairs, default_dtype, configs, specs, costs)
+    check_output(out, "--out", directory=True)
+    _check_summary_owner(out, args.overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out / ".lock", f"bench --out {out}"):
+        return _run_locked(args, Plan(questions, args.turns, specs, out), bad)
+
+
+def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
+    pairs, default_dtype = load_pairs(args, plan.specs)
+    configs, budget_report, costs = build_configs(args, plan.specs, pairs, default_dtype)
+    bench = Bench(pairs, default_dtype, configs, plan.specs, costs)
+    by_id = {q.question_id: q for q in plan.questions}
     done: dict[Key, Result] = {}
-    for spec in specs:
-        done.update(load_store(plan.trace_path(spec), bench.config_dict(spec)))
+    for spec in plan.specs:
+        want = Expected(spec.label, bench.config_dict(spec), bench.pair(spec).target.name, bench.head_sha(spec), by_id)
+        done.update(load_store(plan.trace_path(spec), want))
     resumed = sum(k in done for k in plan.keys())
     if resumed:
-        print(f"resuming: {resumed} generation(s) already in {out}", file=sys.stderr)
+        print(f"resuming: {resumed} generation(s) already in {plan.out}", file=sys.stderr)
     try:
         run_plan(bench, plan, done)
     finally:  # an interrupted run still leaves tables of what finished
         results = [done[k] for k in plan.keys() if k in done]
-        greedy = configs[specs[0].label].greedy
+        greedy = configs[plan.specs[0].label].greedy
         summary = {**summarize(results, bench, greedy), "turns": args.turns, "greedy": greedy,
-                   "skipped_records": bad, "resumed": resumed, "out": str(out), "head": bench.head_source,
-                   "threads": torch.get_num_threads(), "dataset": str(args.dataset), "budget": budget_report,
-                   "dtype": default_dtype, "configs": {s.label: bench.config_dict(s) for s in specs}}
+                   "skipped_records": bad, "resumed": resumed, "out": str(plan.out), "head": bench.head_source,
+                   "head_sha": bench.pairs[default_dtype].head_sha, "threads": torch.get_num_threads(),
+                   "dataset": str(args.dataset), "budget": budget_report, "dtype": default_dtype,
+                   "configs": {s.label: bench.config_dict(s) for s in plan.specs}}
         write_outputs(plan, results, summary, summary["configs"])
     print_report(summary)
     if args.json:
         print(json_line(summary))
-    return _check_lossless(summary, specs)
+    return _check_lossless(summary, plan.specs)
 
 
 def _check_lossless(summary: dict, specs: list[ModeSpec]) -> int:
@@ -678,13 +752,11 @@ def _check_lossless(summary: dict, specs: list[ModeSpec]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return _bench(args)
-    except (ValueError, FileNotFoundError, ModelLoadError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished generations are kept; rerun with the same --out to resume",
-              file=sys.stderr)
-        return 130
+    argv = sys.argv[1:] if argv is None else argv
+    return run_guarded(lambda: _main(argv), "interrupted: finished generations are kept; rerun with the same "
+                                            "--out to resume")
+
+
+def _main(argv: list[str]) -> int:
+    check_argv(argv)
+    return _bench(build_parser().parse_args(argv))

@@ -1,8 +1,12 @@
-"""Command line: `python -m eagle generate|bench|prepare|train ...`. argparse lives only here."""
+"""Command line: `python -m eagle generate|bench|prepare|train ...`. argparse lives only here.
+
+Every command runs inside `eagle.files.run_guarded`: a bad input is one sentence and exit code 2.
+The checks that need no model (flags, paths, argv and stdin encoding) run before one loads."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -10,7 +14,13 @@ from pathlib import Path
 import torch
 
 from .config import MODES, PRESETS, DecodeConfig
-from .target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, dtype_name, parse_device
+from .files import run_guarded
+from .head import resolve_head
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, dtype_name, load_target, parse_device
+from .trace import Trace, TraceHeader, append_trace, mark_interrupted
+
+SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; keeping to the signed range leaves room for seed + offset
+DELEGATED = ("bench", "prepare", "train", "distill")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -46,12 +56,18 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "auto's draft shape, with each round's tree size chosen from its path values")
 
 
+def check_seed(seed: int) -> int:
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed}")
+    return seed
+
+
 def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
     base = PRESETS[args.preset] if args.preset else DecodeConfig()
     overrides = {k: getattr(args, k) for k in ("total_tokens", "depth", "top_k", "draft_vocab")
                  if getattr(args, k) is not None}
     return base.with_(mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=args.seed, **overrides)
+                      top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=check_seed(args.seed), **overrides)
 
 
 def budget_mode(args: argparse.Namespace, device_type: str) -> str:
@@ -73,10 +89,41 @@ def check_runtime_args(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+def check_argv(argv: list[str]) -> None:
+    """Python hands undecodable argv bytes over as lone surrogates, which fail much later, far from
+    their cause (in the tokenizer, or when printing): refuse them here, naming the argument."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"argument {i} ({arg[:err.start]!r}...) is not valid UTF-8") from None
+
+
+def check_output(path: Path, flag: str, directory: bool) -> None:
+    """An output path must be writable and of the right kind: a file for --trace, a directory for --out."""
+    if directory and path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a directory: give a directory.")
+    if not directory and path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory: give a file name.")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{flag} {path}: {existing} is not writable.")
+
+
+def read_prompt(prompt: str) -> str:
+    """--prompt, or stdin for '-', as text (stdin read as bytes, so bad UTF-8 is one sentence)."""
+    if prompt != "-":
+        return prompt
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"the prompt on stdin is not valid UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})") \
+            from None
+
+
 def load_pair(args: argparse.Namespace, need_head: bool):
     """The target at --dtype (saying on stderr how auto chose it) and, when needed, the head."""
-    from .head import resolve_head
-    from .target import load_target
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
@@ -84,12 +131,21 @@ def load_pair(args: argparse.Namespace, need_head: bool):
     return target, head, source
 
 
+def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
+    cfg = config_from_args(args, args.mode)
+    if args.budget in ("auto", "adaptive") and cfg.mode != "dynamic":
+        raise ValueError(f"--budget {args.budget} sizes dynamic trees only, but --mode is {cfg.mode}: drop "
+                         "--budget or use --mode dynamic")
+    check_runtime_args(args)
+    if args.trace:
+        check_output(args.trace, "--trace", directory=False)
+    return cfg
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .decode import Decoder, encode_prompt, generate
-    from .trace import TraceHeader, TraceWriter
-    cfg = config_from_args(args, args.mode)
-    check_runtime_args(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    cfg = check_generate_args(args)
+    prompt = read_prompt(args.prompt)
     target, head, source = load_pair(args, cfg.mode != "vanilla")
     ids = encode_prompt(target.tokenizer, prompt, target.max_context)  # bad prompts fail before tuning
     costs = None
@@ -99,24 +155,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # the generation's mean context: the prompt plus half the reply it may write
         cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         print(_budget_line(budget, report), file=sys.stderr)
-    decoder = Decoder(target, head, cfg, costs)
-    writer = TraceWriter(args.trace) if args.trace else None
-    if writer:
-        writer.header(TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
-                                  {"dtype": dtype_name(target.dtype), "device": target.device.type}))
+    header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
+                         {"dtype": dtype_name(target.dtype), "device": target.device.type})
+    steps = []
 
     def on_step(record) -> bool:
-        if writer:
-            writer.step(record)
+        steps.append(record)
         if not args.json:
             print(record.new_text, end="", flush=True)
         return False
 
     try:
-        result = generate(decoder, ids, on_step)
-    finally:
-        if writer:
-            writer.close()
+        result = generate(Decoder(target, head, cfg, costs), ids, on_step)
+    except BaseException:  # Ctrl-C, a closed pipe, a failure: keep what was generated, marked as such
+        if args.trace:
+            append_trace(args.trace, mark_interrupted(Trace(header, steps)))
+        raise
+    if args.trace:  # the whole generation in one locked append: concurrent runs never interleave
+        append_trace(args.trace, Trace(header, steps))
+    _print_result(args, target, cfg, result, source)
+    return 0
+
+
+def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, source: str | None) -> None:
     text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     summary = {"text": text, "new_tokens": len(result.tokens), "seconds": round(result.seconds, 4),
                "tokens_per_second": round(result.tokens_per_second, 3), "mode": cfg.mode,
@@ -129,7 +190,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"\n[{cfg.mode}, {dtype_name(target.dtype)}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
               f"({result.tokens_per_second:.1f} tok/s), tau {result.tau:.2f}, stop: {result.finished}",
               file=sys.stderr)
-    return 0
 
 
 def _budget_line(budget: str, report: dict) -> str:
@@ -181,29 +241,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
-    for name in ("bench", "prepare", "train", "distill"):
-        sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
+    for name in DELEGATED:
+        sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`").set_defaults(func=_not_here)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """generate and budget (bench, prepare, train and distill have their own mains: eagle/__main__.py)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("bench", "prepare", "train", "distill"):
-        return _delegate(argv[0], argv[1:])
+    return run_guarded(lambda: _run(argv))
+
+
+def _run(argv: list[str]) -> int:
+    check_argv(argv)
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, ModelLoadError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    return args.func(args)
 
 
-def _delegate(command: str, argv: list[str]) -> int:
-    if command == "bench":
-        from .bench import main as bench_main
-        return bench_main(argv)
-    from .train import main as train_main
-    return train_main([command, *argv])
+def _not_here(args: argparse.Namespace) -> int:
+    raise ValueError(f"`{args.command}` is run as `python -m eagle {args.command}` (eagle/__main__.py)")

@@ -1,21 +1,29 @@
-"""File integrity in one place: atomic replacement and an exclusive lock per output.
+"""File integrity in one place: atomic replacement, an exclusive lock per output, whole-record
+appends, and the error boundary every command runs inside.
 
 Every file this project writes that a reader may trust (heads, manifests, summaries, caches) goes
 through `atomic_write`: a unique temporary file in the same directory, fsynced, then renamed over
 the destination, so a crash leaves either the old file or the new one and two writers never share
-a temporary name. `exclusive_lock` guards an output that a job appends to over time."""
+a temporary name. `exclusive_lock` guards an output that a job appends to over time; `locked_append`
+adds one whole record group to a shared log. `run_guarded` turns every failure a user can cause
+into one sentence and exit code 2."""
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
 
-class BusyError(RuntimeError):
+class CommandError(RuntimeError):
+    """A failure whose message tells the user what to fix (the command boundary prints just that)."""
+
+
+class BusyError(CommandError):
     """Another process holds the lock on an output."""
 
 
@@ -36,9 +44,19 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[Path], None]) -
                 os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _naming(err, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """The error with the destination's name: a full disk reports no file at write or flush time."""
+    if err.filename is not None:
+        return err
+    return type(err)(err.errno, err.strerror or str(err), str(path))
 
 
 def _umask() -> int:
@@ -76,3 +94,82 @@ def read_json_or_none(path: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def locked_append(path: str | Path, data: bytes) -> None:
+    """Append `data` with one write under an exclusive lock (waiting for another writer to finish),
+    fsynced, starting on a fresh line: a line torn by a killed writer then stays one bad line that
+    readers skip, instead of swallowing the first record of this append."""
+    try:
+        _append(Path(path), data)
+    except OSError as err:
+        raise _naming(err, Path(path)) from None
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            size = fh.seek(0, os.SEEK_END)
+            if size:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    data = b"\n" + data
+            fh.write(data)  # "a" mode: the write goes to the end whatever the position
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def cut_torn_tail(path: str | Path) -> int:
+    """Truncate a line-oriented file after its last newline (what a writer killed mid-line leaves);
+    returns the bytes cut. Only the owner of the file's lock may call this."""
+    path = Path(path)
+    with open(path, "r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        keep = size
+        while keep > 0:  # scan back in blocks: trace files can be large
+            start = max(0, keep - 65536)
+            fh.seek(start)
+            block = fh.read(keep - start)
+            at = block.rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            keep = start
+        if keep < size:
+            fh.truncate(keep)
+        return size - keep
+
+
+def error_sentence(err: BaseException) -> str:
+    """The error as one line: an OSError names its file, other messages lose their line breaks."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def run_guarded(command: Callable[[], int], interrupted: str = "interrupted") -> int:
+    """The error boundary of every command: bad input, a missing, unreadable or unwritable file and a
+    busy output each become one sentence on stderr and exit code 2; a closed pipe (`| head`) ends
+    quietly; Ctrl-C prints `interrupted` and exits 130. Anything else is a bug and keeps its traceback."""
+    try:
+        return command()
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE: what a shell tool stopped by a closed pipe reports
+    except KeyboardInterrupt:
+        print(f"\n{interrupted}", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, CommandError) as err:
+        print(f"error: {error_sentence(err)}", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not hit the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a real file: nothing left to flush
+        pass

@@ -3,9 +3,11 @@ and the target's own lm_head. Loads and saves the official checkpoint layout."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig
@@ -100,13 +102,39 @@ def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
                                     "it was trained for another model.")
 
 
+def read_head_config(path: Path) -> LlamaConfig:
+    """config.json of a head directory as a one-layer LlamaConfig; one sentence naming the file
+    when it is not valid JSON or its sizes cannot make attention heads."""
+    file = path / "config.json"
+    try:
+        fields = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"Head config {file} is not valid JSON ({err}).") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"Head config {file} is not a JSON object.")
+    try:
+        config = LlamaConfig(**{**fields, "num_hidden_layers": 1})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Head config {file} is not a Llama config ({err}).") from None
+    sizes = {k: getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
+    if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
+        raise ValueError(f"Head config {file}: {sizes} must be positive integers.")
+    h, heads, kv = sizes.values()
+    if not getattr(config, "head_dim", None) and h % heads:
+        raise ValueError(f"Head config {file}: hidden_size {h} does not divide by num_attention_heads {heads}.")
+    if heads % kv:
+        raise ValueError(f"Head config {file}: num_attention_heads {heads} does not divide by "
+                         f"num_key_value_heads {kv}.")
+    return config
+
+
 def load_head(path: str | Path, target=None) -> DraftHead:
     """Load an official EAGLE head directory (config.json + model.safetensors or pytorch_model.bin).
     Without `embed_tokens` in the file, the target's embedding is shared (target is then required)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"No draft head at {path}: expected a directory with config.json and weights.")
-    config = LlamaConfig(**{**json.loads((path / "config.json").read_text()), "num_hidden_layers": 1})
+    config = read_head_config(path)
     if target is not None:
         check_head_matches(config, target.config, str(path))
     state = _read_weights(path)
@@ -116,28 +144,52 @@ def load_head(path: str | Path, target=None) -> DraftHead:
             raise ValueError(f"Head {path} has no embed_tokens: pass its target to share the embedding.")
         embed = target.model.model.embed_tokens
     head = DraftHead(config, embed)
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "embed_tokens.weight"]
-    if missing or unexpected:
-        raise ValueError(f"Head {path} does not have the EAGLE layout: missing {missing}, unexpected {unexpected}")
+    _load_state(head, state, path)
     if (path / COUNTS_FILE).is_file():
-        head.token_counts.copy_(load_file(str(path / COUNTS_FILE))["token_counts"])
+        counts = _read_tensors(path / COUNTS_FILE).get("token_counts")
+        if counts is None or counts.shape != head.token_counts.shape:
+            raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of {config.vocab_size}.")
+        head.token_counts.copy_(counts)
     device = target.device if target is not None else "cpu"
     dtype = target.dtype if target is not None else torch.float32
     return head.to(device=device, dtype=dtype).eval()
 
 
+def _load_state(head: DraftHead, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Weights into the head, checked name by name and shape by shape against config.json."""
+    own = head.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (config.json says {tuple(own[k].shape)})" for k, v in state.items()
+             if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise HeadMismatchError(f"Head {path}: the weights do not match its config.json: {', '.join(wrong[:3])}.")
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "embed_tokens.weight"]
+    if missing or unexpected:
+        raise ValueError(f"Head {path} does not have the EAGLE layout: missing {missing}, unexpected {unexpected}")
+
+
+def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except SafetensorError as err:
+        raise ValueError(f"{file} is corrupt or incomplete ({err}): copy it again.") from None
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").is_file():
-        return load_file(str(path / "model.safetensors"))
+        return _read_tensors(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+            raise ValueError(f"{path / 'pytorch_model.bin'} is corrupt or incomplete ({err}): copy it again.") from None
     raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
 
 
 def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False,
               dtype: torch.dtype = torch.float16) -> None:
-    """Save in the official layout (no rotary buffers; embed_tokens only when asked)."""
+    """Save in the official layout (no rotary buffers; embed_tokens only when asked). Each file is
+    replaced atomically (eagle.files), so a crash or a concurrent save never leaves a torn file."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()
@@ -147,7 +199,8 @@ def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False
     config["architectures"] = ["LlamaForCausalLM"]
     atomic_write_json(path / "config.json", config)
     if int(head.token_counts.sum()) > 0:
-        atomic_write(path / COUNTS_FILE, lambda tmp: save_file({"token_counts": head.token_counts.cpu()}, str(tmp)))
+        counts = {"token_counts": head.token_counts.cpu()}
+        atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
 
 
 def new_head(target, seed: int = 0) -> DraftHead:

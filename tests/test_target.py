@@ -26,7 +26,7 @@ def test_default_model_loads_from_cache_quickly(target):
 
 
 def test_missing_model_gives_one_clear_sentence(tmp_path):
-    with pytest.raises(ModelLoadError, match="Could not load model"):
+    with pytest.raises(ModelLoadError, match="No model directory at"):
         load_target(str(tmp_path / "no-such-model"))
 
 
