@@ -32,8 +32,7 @@ def figures_command(args: argparse.Namespace) -> int:
     for message in messages:
         print(f"warning: {message}", file=sys.stderr)
     if not traces:
-        print(f"error: no readable trace in {args.traces}", file=sys.stderr)
-        return 1
+        raise ValueError(f"no readable trace in {args.traces}")
     nodes, steps = nodes_frame(traces), steps_frame(traces)
     tables = build_tables(nodes, steps, args.bins)
     written = write_tables(tables, args.out)

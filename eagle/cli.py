@@ -83,6 +83,8 @@ def budget_mode(args: argparse.Namespace, device_type: str) -> str:
 def check_runtime_args(args: argparse.Namespace) -> None:
     """Checks that need no model, run before one loads: a bad flag costs no loading time."""
     parse_device(args.device)
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -106,6 +108,8 @@ def check_output(path: Path, flag: str, directory: bool) -> None:
     if not directory and path.is_dir():
         raise ValueError(f"{flag} {path} is a directory: give a file name.")
     existing = next(p for p in (path, *path.parents) if p.exists())
+    if existing != path and not existing.is_dir():
+        raise ValueError(f"{flag} {path}: {existing} is not a directory.")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"{flag} {path}: {existing} is not writable.")
 

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -112,20 +113,26 @@ def read_head_config(path: Path) -> LlamaConfig:
         raise ValueError(f"Head config {file} is not valid JSON ({err}).") from None
     if not isinstance(fields, dict):
         raise ValueError(f"Head config {file} is not a JSON object.")
+    _check_head_sizes(fields, file)
     try:
-        config = LlamaConfig(**{**fields, "num_hidden_layers": 1})
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"Head config {file} is not a Llama config ({err}).") from None
-    sizes = {k: getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
-    if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
+        return LlamaConfig(**{**fields, "num_hidden_layers": 1})
+    except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' own validation
+        raise ValueError(f"Head config {file} is not a Llama config ({' '.join(str(err).split())}).") from None
+
+
+def _check_head_sizes(fields: dict, file: Path) -> None:
+    """The sizes attention is built from, checked first so the sentence names the fields and the file."""
+    heads = fields.get("num_attention_heads")
+    sizes = {"hidden_size": fields.get("hidden_size"), "num_attention_heads": heads,
+             "num_key_value_heads": fields.get("num_key_value_heads") or heads}  # null: as many as heads
+    if not all(type(v) is int and v > 0 for v in sizes.values()):
         raise ValueError(f"Head config {file}: {sizes} must be positive integers.")
     h, heads, kv = sizes.values()
-    if not getattr(config, "head_dim", None) and h % heads:
+    if h % heads:
         raise ValueError(f"Head config {file}: hidden_size {h} does not divide by num_attention_heads {heads}.")
     if heads % kv:
         raise ValueError(f"Head config {file}: num_attention_heads {heads} does not divide by "
                          f"num_key_value_heads {kv}.")
-    return config
 
 
 def load_head(path: str | Path, target=None) -> DraftHead:
@@ -146,7 +153,7 @@ def load_head(path: str | Path, target=None) -> DraftHead:
     head = DraftHead(config, embed)
     _load_state(head, state, path)
     if (path / COUNTS_FILE).is_file():
-        counts = _read_tensors(path / COUNTS_FILE).get("token_counts")
+        counts = read_tensors(path / COUNTS_FILE).get("token_counts")
         if counts is None or counts.shape != head.token_counts.shape:
             raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of {config.vocab_size}.")
         head.token_counts.copy_(counts)
@@ -168,21 +175,32 @@ def _load_state(head: DraftHead, state: dict[str, torch.Tensor], path: Path) -> 
         raise ValueError(f"Head {path} does not have the EAGLE layout: missing {missing}, unexpected {unexpected}")
 
 
-def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+def read_tensors(file: Path, fix: str = "copy it again") -> dict[str, torch.Tensor]:
+    """A safetensors file, or one sentence naming it when it is torn or not safetensors at all."""
     try:
         return load_file(str(file))
     except SafetensorError as err:
-        raise ValueError(f"{file} is corrupt or incomplete ({err}): copy it again.") from None
+        raise ValueError(f"{file} is corrupt or incomplete ({err}): {fix}.") from None
+
+
+def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
+    # torch's own message runs to several lines of advice about weights_only; the file's name and
+    # what to do are the useful part
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError):
+        raise ValueError(f"{file} is corrupt or incomplete (not a readable PyTorch state dict): copy it again.") \
+            from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{file} is not a state dict of tensors: copy it again.")
+    return state
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").is_file():
-        return _read_tensors(path / "model.safetensors")
+        return read_tensors(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
-        try:
-            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-            raise ValueError(f"{path / 'pytorch_model.bin'} is corrupt or incomplete ({err}): copy it again.") from None
+        return _read_pickle(path / "pytorch_model.bin")
     raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
 
 

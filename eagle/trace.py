@@ -21,10 +21,12 @@ node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "dept
 The root node is the last token the target produced; its confidence and value are 1.
 
 Writers append a whole generation at once (`append_trace`: one write under a file lock). The reader
-keeps every valid record, skips and counts bad lines (wrong JSON, wrong field types), drops a trace
-whose steps do not follow each other (a step number that restarts or goes back, a mode that changes,
-a step of another generation: the signs of two generations mixed in one file) and counts the traces
-that never finished. Version 1 files (no generation ids) read as before, with the same checks.
+keeps every valid record, skips and counts bad lines (wrong JSON, wrong field types, a step whose
+generation has no header before it), gives each step to the header of its generation id (so lines of
+two generations interleaved in one file still come apart), drops and reports a trace whose steps do
+not follow each other (a step number that restarts or goes back, a mode that changes, a step after
+the finished one: the signs of two generations mixed without ids) and counts the traces that never
+finished. Version 1 files (no generation ids) read as before, each step going to the last header.
 """
 from __future__ import annotations
 
@@ -226,7 +228,7 @@ def _parse(line: str) -> TraceHeader | tuple[str | None, StepRecord]:
             if not isinstance(node, dict):
                 raise ValueError("step has a node that is not an object")
             _check_fields(node, NODE_FIELDS, NODE_OPTIONAL, f"step {obj['step']} node")
-        return obj.get("generation"), StepRecord.from_dict(obj)
+        return obj.get("generation") or None, StepRecord.from_dict(obj)  # "" (a rewritten v1 trace): no id
     raise ValueError(f"unknown record kind {obj.get('kind')!r}")
 
 
@@ -259,28 +261,28 @@ def _sequence_break(prev: StepRecord | None, step: StepRecord) -> str | None:
     return None
 
 
-def _add_step(current: _Open | None, generation: str | None, step: StepRecord, lineno: int,
-              report: ReadReport) -> None:
-    if current is None:
-        report.skip(lineno, "step before any header")
-        return
-    own = current.trace.header.generation
-    if generation is not None and own and generation != own:
-        report.skip(lineno, f"a step of generation {generation} inside the trace of generation {own} "
-                            f"(line {current.lineno})")
-        return
-    current.lines += 1
-    if current.broken is None:
-        why = _sequence_break(current.trace.steps[-1] if current.trace.steps else None, step)
+def _owner(opened: dict[str, _Open], last: _Open | None, generation: str | None) -> _Open | str:
+    """The open trace a step belongs to, or why it belongs to none. A step with a generation id goes
+    to the header with that id wherever it is in the file (so two generations interleaved line by
+    line still come apart); a version-1 step, which has no id, to the last header before it."""
+    if generation is None:
+        return last if last is not None else "step before any header"
+    if generation in opened:
+        return opened[generation]
+    return f"a step of generation {generation}, whose header is not before it"
+
+
+def _add_step(owner: _Open, step: StepRecord, lineno: int) -> None:
+    owner.lines += 1
+    if owner.broken is None:
+        why = _sequence_break(owner.trace.steps[-1] if owner.trace.steps else None, step)
         if why is None:
-            current.trace.steps.append(step)
+            owner.trace.steps.append(step)
         else:
-            current.broken = f"line {lineno}: {why}"
+            owner.broken = f"line {lineno}: {why}"
 
 
-def _close(current: _Open | None, traces: list[Trace], report: ReadReport) -> None:
-    if current is None:
-        return
+def _close(current: _Open, traces: list[Trace], report: ReadReport) -> None:
     if current.broken is None:
         traces.append(current.trace)
         return
@@ -291,10 +293,10 @@ def _close(current: _Open | None, traces: list[Trace], report: ReadReport) -> No
 
 def read_trace(path: str | Path) -> tuple[list[Trace], ReadReport]:
     """Read every complete, valid record; count (and describe) the lines that were skipped and the
-    traces that were dropped as mixed or counted as interrupted."""
+    traces that were dropped as mixed or counted as interrupted. Traces come in header order."""
     report = ReadReport()
-    traces: list[Trace] = []
-    current: _Open | None = None
+    order: list[_Open] = []
+    opened: dict[str, _Open] = {}  # generation id -> its trace (a repeated id: the later header)
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -305,11 +307,18 @@ def read_trace(path: str | Path) -> tuple[list[Trace], ReadReport]:
                 report.skip(lineno, str(err))
                 continue
             if isinstance(record, TraceHeader):
-                _close(current, traces, report)
-                current = _Open(Trace(record, []), lineno)
+                order.append(_Open(Trace(record, []), lineno))
+                if record.generation:
+                    opened[record.generation] = order[-1]
+                continue
+            owner = _owner(opened, order[-1] if order else None, record[0])
+            if isinstance(owner, str):
+                report.skip(lineno, owner)
             else:
-                _add_step(current, *record, lineno, report)
-    _close(current, traces, report)
+                _add_step(owner, record[1], lineno)
+    traces: list[Trace] = []
+    for current in order:
+        _close(current, traces, report)
     if not traces and report.skipped_lines:
         raise TraceFormatError(f"{path} holds no readable trace ({report.skipped_lines} bad lines; "
                                f"first: {report.errors[0]})")

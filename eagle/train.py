@@ -27,15 +27,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .cli import check_argv, check_output, check_runtime_args, check_seed
+from .cli import check_argv, check_output, check_runtime_args
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .distill_store import target_sha256
 from .files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_guarded
-from .head import COUNTS_FILE, DraftHead, load_head, new_head, save_head
+from .head import COUNTS_FILE, DraftHead, load_head, new_head, read_tensors, save_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, dtype_name, load_target
 
 SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
@@ -59,13 +59,6 @@ def _logger(name: str, log_path: Path) -> logging.Logger:
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Atomically (eagle.files): an interrupted run never leaves a half-written file that looks finished."""
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-
-
-def _read_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path))
-    except SafetensorError as err:
-        raise ValueError(f"{path} is corrupt or incomplete ({err}): {fix}.") from None
 
 
 # --- feature extraction ---------------------------------------------------------------------------
@@ -277,7 +270,7 @@ def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
     """All samples of one split, in shard order (fp16 features stay fp16 to halve memory)."""
     seqs = []
     for path in sorted(Path(features_dir).glob(f"{split}-*.safetensors")):
-        shard = _read_tensors(path, "run prepare again on this --features to extract it anew")
+        shard = read_tensors(path, "run prepare again on this --features to extract it anew")
         if not SHARD_KEYS <= set(shard):
             raise ValueError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
         offsets = shard["offsets"].tolist()
@@ -474,7 +467,7 @@ def check_features(features_dir: Path) -> dict | None:
 
 def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
     train, heldout = load_shards(features_dir, "train"), load_shards(features_dir, "heldout")
-    counts = _read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+    counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
     return train, heldout, counts
@@ -727,7 +720,6 @@ def _main(argv: list[str]) -> int:
     check_argv(argv)
     args = build_parser().parse_args(argv)
     check_runtime_args(args)
-    check_seed(args.seed)
     _check_paths(args)
     # Features are stored in fp16 whatever the dtype; training keeps fp32 master weights and uses
     # autocast when the target runs in bf16/fp16.

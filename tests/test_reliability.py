@@ -1,10 +1,8 @@
 """Bad input and long runs: clear errors, nothing lost, the cache never overflows; and issue 16's
 integrity cases: concurrent writers, kill -9 of every resumable job, a corrupted-file matrix."""
-import io
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,20 +15,23 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
 from analysis.__main__ import main as analysis_main
 from analysis.export import load_traces
-from eagle import bench, cli, decode, target as target_module, train
+from eagle import bench, cli, train
 from eagle.config import DecodeConfig
 from eagle.data import read_sharegpt
 from eagle.decode import Decoder, PromptError, generate
 from eagle.distill import DistillConfig, regenerate
-from eagle.distill_store import OPEN_FILE, SETTING_FIELDS, DistillStore, ReadStats
-from eagle.files import exclusive_lock, run_guarded
-from eagle.head import COUNTS_FILE, load_head, save_head
-from eagle.target import ModelLoadError, load_target
+from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
+from eagle.files import BusyError, exclusive_lock, run_guarded
+from eagle.head import COUNTS_FILE, load_head, new_head, save_head
+from eagle.target import DEFAULT_MODEL, cache_dir, load_target
 from eagle.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
                          read_trace, write_trace)
-from tests.tiny import ByteTokenizer, tiny_pair
+from tests.tiny import tiny_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -308,7 +309,7 @@ HEAD_DAMAGE = {
     "heads do not divide the hidden size": (lambda p: _edit_config(p, num_attention_heads=5, head_dim=None),
                                             "does not divide by num_attention_heads 5"),
     "kv heads do not divide the heads": (lambda p: _edit_config(p, num_key_value_heads=3), "num_key_value_heads 3"),
-    "more heads than the weights have": (lambda p: _edit_config(p, num_attention_heads=5),
+    "more heads than the weights have": (lambda p: _edit_config(p, num_attention_heads=8, head_dim=8),
                                          "weights do not match its config.json"),
     "intermediate size differs": (lambda p: _edit_config(p, intermediate_size=48), "weights do not match its config.json"),
     "hidden size differs from the target": (lambda p: _edit_config(p, hidden_size=16), "hidden_size 16 but the target"),
@@ -344,27 +345,413 @@ def test_concurrent_save_head_leaves_a_whole_head(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == [COUNTS_FILE, "config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == sorted([COUNTS_FILE, "config.json", "model.safetensors"])
     target, _ = tiny_pair()
     assert int(load_head(tmp_path / "h", target).token_counts.sum()) == 12
 
 
-# ---- generate: the error boundary, the trace, interruption (tiny model behind the CLI) -----------
-class _Tokenizer(ByteTokenizer):
-    def encode(self, text: str) -> list[int]:
-        return [1 + ord(c) % 10 for c in text]
+def test_interleaved_generations_with_ids_come_apart(tmp_path):
+    """Lines of two generations mixed one by one (a file concatenated by hand, an old writer): the
+    generation id on every record gives each step back to its own trace."""
+    la, lb = _lines(_finished_trace(4, "A")), _lines(_finished_trace(3, "B"))
+    mixed = [la[0], lb[0]] + [x for pair in zip(la[1:], lb[1:]) for x in pair] + la[len(lb):]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(mixed) + "\n")
+    traces, report = read_trace(path)
+    assert [(t.header.meta["writer"], [s.step for s in t.steps]) for t in traces] == [("A", [0, 1, 2, 3]),
+                                                                                     ("B", [0, 1, 2])]
+    assert report.skipped_lines == 0 and report.dropped_traces == 0 and report.interrupted == 0
+    assert all({s.new_text for s in t.steps} == {t.header.meta["writer"]} for t in traces)
 
 
+def test_a_rewritten_version_1_trace_still_reads(tmp_path):
+    """A version-1 trace read (no id) and written again carries an empty id on every record."""
+    v1 = tmp_path / "v1.jsonl"
+    v1.write_text("\n".join(_lines(_finished_trace(3), with_ids=False)) + "\n")
+    again = tmp_path / "again.jsonl"
+    write_trace(again, read_trace(v1)[0])
+    traces, report = read_trace(again)
+    assert [s.step for s in traces[0].steps] == [0, 1, 2] and report.skipped_lines == 0
+
+
+# ---- a tiny model on disk: the real tokenizer, a 2-layer 32-wide Llama --------------------------
+# Loaded through the same code as any local model (eagle.target.load_target), so every command runs
+# unchanged, in-process or as a subprocess that a test kills.
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = AutoTokenizer.from_pretrained(cache_dir() / DEFAULT_MODEL)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_dir):
+    return load_target(str(tiny_dir), dtype="float32")
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def _eagle(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eagle", *args], cwd=ROOT, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# A job run in a subprocess that SIGKILLs itself in the middle of its work: at the n-th forward of
+# the target (prepare, distill) or the n-th optimizer step (train). Nothing in eagle knows of it.
+KILLED_JOB = """
+import json, os, signal, sys
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from eagle.distill import DistillConfig, regenerate
+from eagle.data import read_sharegpt
+from eagle.target import load_target
+from eagle.train import prepare_features, train_head
+job, model, kill_at, kw = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+torch.set_num_threads(1)
+target = load_target(model, dtype="float32")
+count = [0]
+def hook(*_):
+    count[0] += 1
+    if count[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+if job == "train":
+    register_optimizer_step_post_hook(hook)
+    train_head(target, **kw)
+else:
+    target.model.model.norm.register_forward_hook(hook)
+if job == "prepare":
+    prepare_features(target, **kw)
+if job == "distill":
+    cfg = DistillConfig(**kw.pop("cfg"))
+    regenerate(target, read_sharegpt(limit=kw.pop("n"))[0], cfg=cfg, progress=False, **kw)
+"""
+
+
+def _killed(job: str, model: Path, kill_at: int, **kw) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILLED_JOB, job, str(model), str(kill_at), json.dumps(kw)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+# ---- prepare: kill -9, a changed setting, damaged features -------------------------------------
+PREPARE = dict(n_conversations=10, max_len=48, heldout_fraction=0.3, shard_size=1)
+
+
+def _shards(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("*-[0-9]*.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def tiny_features(tiny_target, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("features")
+    train.prepare_features(tiny_target, path, **PREPARE)
+    return path
+
+
+def test_prepare_killed_mid_run_resumes_to_the_same_shards(tiny_dir, tiny_target, tiny_features, tmp_path):
+    out = tmp_path / "features"
+    _killed("prepare", tiny_dir, 5, out_dir=str(out), **PREPARE)
+    assert 0 < len(_shards(out)) < len(_shards(tiny_features))
+    # the settings were recorded before the first shard: another --max-len is refused, not mixed in
+    with pytest.raises(ValueError, match=r"max_len=48 \(this run: 64\)"):
+        train.prepare_features(tiny_target, out, **{**PREPARE, "max_len": 64})
+    with pytest.raises(ValueError, match="is incomplete"):  # train refuses a half-prepared directory
+        train.check_features(out)
+    stats = train.prepare_features(tiny_target, out, **PREPARE)
+    assert stats.shards_skipped == 4 and _shards(out) == _shards(tiny_features)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest == {**json.loads((tiny_features / "manifest.json").read_text()), "stats": manifest["stats"]}
+
+
+def test_a_second_prepare_on_one_features_dir_is_busy(tiny_target, tmp_path):
+    with exclusive_lock(tmp_path / ".lock", "test"):
+        with pytest.raises(BusyError, match="is in use by another run"):
+            train.prepare_features(tiny_target, tmp_path, **PREPARE)
+
+
+def test_prepare_extracts_a_damaged_shard_again(tiny_target, tiny_features, tmp_path):
+    out = tmp_path / "features"
+    train.prepare_features(tiny_target, out, **PREPARE)
+    shard = sorted(out.glob("train-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:100])  # damaged after it was written (a bad copy, a bad disk)
+    stats = train.prepare_features(tiny_target, out, **PREPARE)
+    assert stats.shards_written == 1 and _shards(out) == _shards(tiny_features)
+
+
+def _train_args(features: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--features", str(features), "--out", str(out), "--steps", "2", "--batch", "2",
+            "--warmup", "1", "--vocab-k", "64", "--eval-samples", "2", "--dtype", "float32", *extra]
+
+
+FEATURE_DAMAGE = {
+    "truncated shard": (lambda d: _cut(sorted(d.glob("train-*"))[0], 200), "is corrupt or incomplete"),
+    "garbage shard": (lambda d: sorted(d.glob("train-*"))[0].write_bytes(b"\x00" * 40), "is corrupt or incomplete"),
+    "shard without features": (lambda d: save_file({"input_ids": torch.zeros(3, dtype=torch.int32)},
+                                                   str(sorted(d.glob("train-*"))[0])), "is not a feature shard"),
+    "manifest not JSON": (lambda d: (d / "manifest.json").write_text("{"), "manifest.json is not valid JSON"),
+    "prepare never finished": (lambda d: _edit_json(d / "manifest.json", stats=None), "is incomplete"),
+    "token counts torn": (lambda d: _cut(d / COUNTS_FILE, 10), "token_counts.safetensors is corrupt"),
+    "no shards at all": (lambda d: [p.unlink() for p in d.glob("train-*")], "No train-*.safetensors shards"),
+}
+
+
+def _cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _edit_json(path: Path, **changes) -> None:
+    obj = json.loads(path.read_text())
+    obj.update(changes)
+    path.write_text(json.dumps({k: v for k, v in obj.items() if v is not None}))
+
+
+@pytest.mark.parametrize("damage", sorted(FEATURE_DAMAGE))
+def test_damaged_features_are_one_sentence(tiny_dir, tiny_features, tmp_path, capsys, damage):
+    features = tmp_path / "features"
+    features.mkdir()
+    for p in tiny_features.iterdir():
+        if p.is_file():
+            (features / p.name).write_bytes(p.read_bytes())
+    corrupt, message = FEATURE_DAMAGE[damage]
+    corrupt(features)
+    assert train.main([*_train_args(features, tmp_path / "run"), "--model", str(tiny_dir)]) == 2
+    assert message in _one_sentence(capsys.readouterr().err)
+
+
+# ---- train: kill -9, a changed recipe or data, a head already there ----------------------------
+TRAIN = dict(steps=6, lr=1e-3, batch=2, warmup=1, vocab_k=64, eval_samples=2, eval_every=0, checkpoint_every=2,
+             progress=False)
+
+
+def _weights(head_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(head_dir / "model.safetensors"))
+
+
+def test_train_killed_mid_run_resumes_to_the_same_head(tiny_dir, tiny_target, tiny_features, tmp_path):
+    reference = train.train_head(tiny_target, tiny_features, tmp_path / "ref", **TRAIN)
+    out = tmp_path / "run"
+    _killed("train", tiny_dir, 5, features_dir=str(tiny_features), out_dir=str(out), **TRAIN)
+    assert (out / "checkpoint.pt").exists() and not (out / "head").exists()
+    resumed = train.train_head(tiny_target, tiny_features, out, **TRAIN)
+    assert resumed["start_step"] == 4 and resumed["steps"] == reference["steps"] == 6
+    ref, got = _weights(tmp_path / "ref" / "head"), _weights(out / "head")
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+@pytest.mark.parametrize("change, field", [({"lr": 2e-3}, "lr=0.001 (this run: 0.002)"),
+                                           ({"features": "other"}, "features="), ({"seed": 1}, "seed=0")])
+def test_train_resume_with_another_recipe_or_data_is_refused(tiny_target, tiny_features, tmp_path, change, field):
+    features = tiny_features
+    if "features" in change:
+        features = tmp_path / "other"
+        features.mkdir()
+        for p in tiny_features.iterdir():
+            if p.is_file():
+                (features / p.name).write_bytes(p.read_bytes())
+    kw = {**TRAIN, "steps": 2, **{k: v for k, v in change.items() if k != "features"}}
+    train.train_head(tiny_target, tiny_features, tmp_path / "run", **{**TRAIN, "steps": 2})
+    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)")):
+        train.train_head(tiny_target, features, tmp_path / "run", **kw)
+
+
+def test_train_keeps_a_head_in_final_dir_unless_told(tiny_dir, tiny_features, tmp_path, capsys):
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    args = [*_train_args(tiny_features, tmp_path / "run", "--final-dir", str(tmp_path / "final")),
+            "--model", str(tiny_dir)]
+    assert train.main(args) == 2
+    assert "already holds a head: pass --overwrite" in _one_sentence(capsys.readouterr().err)
+    assert (tmp_path / "final" / "config.json").read_text() == "{}"
+    assert train.main([*args, "--overwrite"]) == 0
+    assert (tmp_path / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--features", "{tmp}/none"], "No train-*.safetensors shards in"),
+    (["prepare", "--sharegpt", "{tmp}/none.json", "--features", "{tmp}/f"], "--sharegpt {tmp}/none.json: no such file"),
+    (["prepare", "--features", "{tmp}/file"], "is a file, not a directory"),
+    (["train", "--threads", "-1"], "--threads must be >= 1"),
+    (["prepare", "--seed", str(2 ** 70)], "--seed must be an integer"),
+    (["distill", "--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_prepare_train_distill_bad_input_before_any_model_loads(tmp_path, capsys, args, message):
+    (tmp_path / "file").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    # --model names no model at all: the check must fail first, or the load would
+    assert train.main([*args, "--model", str(tmp_path / "no-model")]) == 2
+    assert message.replace("{tmp}", str(tmp_path)) in _one_sentence(capsys.readouterr().err)
+
+
+# ---- distill: kill -9 and damaged store files ---------------------------------------------------
+DISTILL = dict(cfg=dict(max_new_tokens=6, max_prompt_tokens=200, batch_size=2), n=6, window=2)
+
+
+def _records(store: Path) -> dict[int, dict]:
+    return {r["id"]: r for r in DistillStore.open(store).records()}
+
+
+def test_distill_killed_mid_run_resumes_to_the_same_replies(tiny_dir, tiny_target, tmp_path):
+    convs = read_sharegpt(limit=DISTILL["n"])[0]
+    cfg = DistillConfig(**DISTILL["cfg"])
+    regenerate(tiny_target, convs, tmp_path / "ref", cfg, progress=False, window=DISTILL["window"])
+    out = tmp_path / "store"
+    _killed("distill", tiny_dir, 8, store_dir=str(out), **json.loads(json.dumps(DISTILL)))
+    assert (out / "manifest.json").exists() and len(_records(out)) < len(_records(tmp_path / "ref"))
+    stats = regenerate(tiny_target, convs, out, cfg, progress=False, window=DISTILL["window"])
+    assert stats.already_done > 0 or stats.regenerated < len(convs)
+    assert _records(out) == _records(tmp_path / "ref")
+
+
+DISTILL_DAMAGE = {
+    "manifest not JSON": (lambda d: (d / "manifest.json").write_text('{"format": '), "is not valid JSON"),
+    "not a distill manifest": (lambda d: (d / "manifest.json").write_text("{}"), "is not a self-distillation manifest"),
+    "chunk edited": (lambda d: _cut(next(d.glob("chunk-*")), 30), "does not match its manifest hash"),
+    "chunk missing": (lambda d: next(d.glob("chunk-*")).unlink(), "chunk-00000.jsonl.gz"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DISTILL_DAMAGE))
+def test_damaged_distill_store_is_one_sentence(tiny_target, tmp_path, damage):
+    convs = read_sharegpt(limit=4)[0]
+    regenerate(tiny_target, convs, tmp_path, DistillConfig(**DISTILL["cfg"]), progress=False, window=2)
+    corrupt, message = DISTILL_DAMAGE[damage]
+    corrupt(tmp_path)
+    with pytest.raises((ValueError, OSError)) as err:
+        DistillStore.open(tmp_path).records()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_distill_open_file_bad_lines_are_skipped_and_counted(tmp_path):
+    """A blank and a bad line in the middle of open.jsonl cost only themselves; a torn tail is cut."""
+    store = DistillStore.open(tmp_path, {"model": "m", "target_sha256": "x", "max_new_tokens": 1,
+                                         "max_prompt_tokens": 1, "temperature": 0.0, "seed": 0})
+    records = [{"id": i, "conversations": [], "truncated": False, "new_tokens": 1} for i in range(4)]
+    (tmp_path / OPEN_FILE).write_text("\n".join([json.dumps(records[0]), "", "{not json", *map(json.dumps, records[1:])])
+                                      + '\n{"id": 9, "conv')
+    stats = ReadStats()
+    assert sorted(store.read_open(stats)) == [0, 1, 2, 3] and stats.bad_lines == 1 and stats.torn_tail
+
+
+# ---- bench: one lock per --out, kill -9, what a resume may reuse -------------------------------
+def _questions(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"question_id": i + 1, "category": "c", "turns": [t]}) + "\n"
+                            for i, t in enumerate(texts)))
+    return path
+
+
+QUESTIONS = ["Name three colours.", "What is a prime number?", "Say hello in French."]
+
+
+def _bench_args(model: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--dataset", str(dataset), "--dtype", "float32", "--modes", "vanilla,dynamic",
+            "--head", "random", "--budget", "fixed", "--total-tokens", "4", "--depth", "2", "--top-k", "2",
+            "--max-new-tokens", "24", "--out", str(out), "--json", *extra]
+
+
+def _stored(out: Path) -> dict[tuple, list[int]]:
+    """(mode file, question) -> the tokens, checking that no finished generation is stored twice."""
+    found: dict[tuple, list[int]] = {}
+    for path in sorted((out / "traces").glob("*.jsonl")):
+        for t in read_trace(path)[0]:
+            if not t.interrupted and "mode_label" in t.header.meta:
+                key = (path.name, t.header.meta["question_id"], t.header.meta["turn"])
+                assert key not in found, f"{key} stored twice"
+                found[key] = [tok for s in t.steps for tok in s.new_tokens]
+    return found
+
+
+@pytest.fixture(scope="module")
+def bench_reference(tiny_dir, tmp_path_factory) -> dict[tuple, list[int]]:
+    root = tmp_path_factory.mktemp("bench-ref")
+    assert bench.main(_bench_args(tiny_dir, _questions(root / "q.jsonl", QUESTIONS), root / "out")) == 0
+    return _stored(root / "out")
+
+
+def test_two_bench_runs_on_one_out_never_do_the_work_twice(tiny_dir, bench_reference, tmp_path):
+    dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
+    procs = [_eagle("bench", *_bench_args(tiny_dir, dataset, tmp_path / "out")) for _ in range(2)]
+    results = [(p.wait(300), p.stderr.read()) for p in procs]
+    for rc, err in results:
+        assert rc == 0 or (rc == 2 and "is in use by another run" in _one_sentence(err)), err[-2000:]
+    assert 0 in [rc for rc, _ in results] and _stored(tmp_path / "out") == bench_reference
+
+
+def test_bench_killed_mid_run_resumes_to_the_same_results(tiny_dir, bench_reference, tmp_path):
+    dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
+    proc = _eagle("bench", *_bench_args(tiny_dir, dataset, out))
+    vanilla = out / "traces" / "vanilla.jsonl"
+    while proc.poll() is None and not (vanilla.exists() and vanilla.stat().st_size):
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    assert _stored(out) == bench_reference
+
+
+def test_bench_resume_refuses_another_head_question_or_setting(tiny_dir, tiny_target, tmp_path, capsys):
+    dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
+    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    save_head(new_head(tiny_target, seed=9), tmp_path / "head")
+    capsys.readouterr()
+    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--head", str(tmp_path / "head")]) == 2
+    assert "was made with another draft head" in _one_sentence(capsys.readouterr().err)
+    edited = _questions(tmp_path / "edited.jsonl", [QUESTIONS[0], "What is a composite number?", QUESTIONS[2]])
+    assert bench.main(_bench_args(tiny_dir, edited, out)) == 2
+    assert "(question 2, turn 1) answers another question text" in _one_sentence(capsys.readouterr().err)
+    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--max-new-tokens", "25"]) == 2
+    assert "was made with max_new_tokens=24 (this run: 25)" in _one_sentence(capsys.readouterr().err)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["head"] == "random" and summary["generations"] == 6  # the refused runs changed nothing
+
+
+def test_bench_keeps_what_it_did_not_write(tiny_dir, bench_reference, tmp_path, capsys):
+    dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text('{"mine": 1}')
+    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 2
+    assert "was not written by bench" in _one_sentence(capsys.readouterr().err)
+    assert (out / "summary.json").read_text() == '{"mine": 1}'
+    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--overwrite"]) == 0
+    foreign = _finished_trace(3, "mine")  # a generate trace, no bench metadata, in a mode file
+    append_trace(out / "traces" / "vanilla.jsonl", foreign)
+    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    kept = [t for t in read_trace(out / "traces" / "vanilla.jsonl")[0] if t.header.meta.get("writer") == "mine"]
+    assert len(kept) == 1 and len(kept[0].steps) == 3 and _stored(out) == bench_reference
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--out", "{tmp}/file"], "is a file, not a directory"),
+    (["--threads", "-1"], "--threads must be >= 1"),
+    (["--budget", "adaptive"], "name the mode dynamic:adaptive"),
+    (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "xpu"], "device"),
+    (["--seed", str(2 ** 70)], "--seed must be an integer"),
+])
+def test_bench_bad_input_before_any_model_loads(tmp_path, capsys, extra, message):
+    (tmp_path / "file").write_text("x")
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
+    assert bench.main([*_bench_args(tmp_path / "no-model", dataset, tmp_path / "out"), *extra]) == 2
+    assert message in _one_sentence(capsys.readouterr().err)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+# ---- generate: the error boundary, the trace, interruption -------------------------------------
 @pytest.fixture
-def tiny_cli(monkeypatch, tmp_path):
-    """`python -m eagle generate` in-process with the tiny Llama instead of loading a model."""
-    target, head = tiny_pair(eos=None)
-    target.tokenizer = _Tokenizer()
-    target.tokenizer.eos_token_id = None
-    monkeypatch.setattr(cli, "load_target", lambda *a, **k: target)
-    save_head(head, tmp_path / "head")
-    return ["generate", "--prompt", "hello", "--budget", "fixed", "--max-new-tokens", "12",
-            "--total-tokens", "4", "--depth", "2", "--top-k", "2", "--head", str(tmp_path / "head")]
+def tiny_cli(tiny_dir, tiny_target, tmp_path):
+    save_head(new_head(tiny_target, seed=1), tmp_path / "head")
+    return ["generate", "--model", str(tiny_dir), "--dtype", "float32", "--prompt", "hello", "--budget", "fixed",
+            "--max-new-tokens", "12", "--total-tokens", "4", "--depth", "2", "--top-k", "2",
+            "--head", str(tmp_path / "head")]
 
 
 def test_generate_appends_one_whole_trace_per_run(tiny_cli, tmp_path, capsys):
@@ -376,30 +763,32 @@ def test_generate_appends_one_whole_trace_per_run(tiny_cli, tmp_path, capsys):
     assert len({t.header.generation for t in traces}) == 3 and report.interrupted == 0
 
 
-def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_path, monkeypatch, capsys):
-    real = decode.generate
-
-    def interrupted(decoder, ids, on_step):
-        def stop_at_third(record):
-            on_step(record)
-            if record.step == 2:
-                raise KeyboardInterrupt
-        return real(decoder, ids, stop_at_third)
-
-    monkeypatch.setattr(decode, "generate", interrupted)
+def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_path):
     path = tmp_path / "t.jsonl"
-    assert cli.main([*tiny_cli, "--trace", str(path)]) == 130
+    args = [*tiny_cli, "--max-new-tokens", "1500", "--trace", str(path)]
+    proc = _eagle(*args)
+    proc.stdout.read(1)  # the prefill token is out: the generation is under way
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 130 and "Traceback" not in proc.stderr.read()
     traces, report = read_trace(path)
-    assert len(traces[0].steps) == 3 and traces[0].steps[-1].finished == INTERRUPTED
+    assert traces[0].steps[-1].finished == INTERRUPTED and 1 <= len(traces[0].steps) < 1500
     assert traces[0].header.meta["interrupted"] is True and traces[0].interrupted and report.interrupted == 1
     _, messages = load_traces(path)
     assert any("interrupted before they finished" in m for m in messages)
 
 
+def test_output_into_a_closed_pipe_ends_quietly(tiny_cli):
+    proc = _eagle(*tiny_cli, "--max-new-tokens", "800", "--mode", "vanilla")
+    proc.stdout.read(1)
+    proc.stdout.close()  # what `| head -c 1` does
+    err = proc.stderr.read()
+    assert proc.wait(120) == 141 and "Traceback" not in err and "error" not in err.lower()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--trace", "/dev/full"], "/dev/full: No space left on device"),
     (["--trace", "{tmp}"], "is a directory"),
-    (["--trace", "/proc/version/x"], "not writable"),
+    (["--trace", "/proc/version/x"], "/proc/version is not a directory"),
     (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "xpu"], "device"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--threads", "-1"], "--threads must be >= 1"),
@@ -409,6 +798,9 @@ def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_
     (["--mode", "vanilla", "--budget", "auto"], "--budget auto sizes dynamic trees only"),
     (["--prompt", "h\udcffi"], "is not valid UTF-8"),
     (["--head", "{tmp}/nohead"], "No draft head"),
+    (["--model", "{tmp}/no-such-model"], "No model directory at"),
+    (["--model", "{tmp}/head"], "has no tokenizer"),
+    (["--model", "someone/no-such-model-here"], "is not in the local Hugging Face cache"),
 ])
 def test_generate_bad_input_is_one_sentence(tiny_cli, tmp_path, capsys, extra, message):
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
@@ -416,12 +808,25 @@ def test_generate_bad_input_is_one_sentence(tiny_cli, tmp_path, capsys, extra, m
     assert message in _one_sentence(capsys.readouterr().err)
 
 
-def test_invalid_utf8_on_stdin_is_one_sentence(tiny_cli, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9")))
+def test_an_unknown_hub_id_offline_fails_at_once(tiny_cli):
+    proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
+                          cwd=ROOT, env={**_env(), "HF_HUB_OFFLINE": "0"}, capture_output=True, text=True,
+                          timeout=60)  # no retries: the 52 s of the issue would time out here
+    assert proc.returncode == 2 and "is not in the local Hugging Face cache" in _one_sentence(proc.stderr)
+
+
+def test_invalid_utf8_on_stdin_and_argv_is_one_sentence(tiny_cli):
     args = [*tiny_cli]
     args[args.index("hello")] = "-"
-    assert cli.main(args) == 2
-    assert "the prompt on stdin is not valid UTF-8 (byte 3" in _one_sentence(capsys.readouterr().err)
+    proc = subprocess.run([sys.executable, "-m", "eagle", *args], cwd=ROOT, env=_env(), input=b"caf\xe9",
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 2
+    assert "the prompt on stdin is not valid UTF-8 (byte 3" in _one_sentence(proc.stderr.decode())
+    bad_argv = [os.fsencode(a) for a in tiny_cli]
+    bad_argv[bad_argv.index(b"hello")] = b"caf\xe9"
+    proc = subprocess.run([sys.executable, "-m", "eagle", *bad_argv], cwd=ROOT, env=_env(), capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "is not valid UTF-8" in _one_sentence(proc.stderr.decode())
 
 
 def test_a_damaged_head_through_the_cli(tiny_cli, tmp_path, capsys):
@@ -435,3 +840,20 @@ def test_a_closed_pipe_ends_quietly(capsys):
         raise BrokenPipeError(32, "Broken pipe")
     assert run_guarded(write_to_closed_pipe) == 141
     assert capsys.readouterr().err == ""
+
+
+# ---- analysis: damaged traces and a wrong --out ------------------------------------------------
+def test_analysis_skips_damaged_steps_and_refuses_a_file_as_out(tmp_path, capsys):
+    lines = _lines(_finished_trace(4, "A"))
+    bad = json.loads(lines[2])
+    bad["nodes"][0]["confidence"] = None
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
+    traces, messages = load_traces(path)
+    assert [len(t.steps) for t in traces] == [3] and any("skipped 1 bad line" in m for m in messages)
+    (tmp_path / "file").write_text("x")
+    assert analysis_main(["figures", "--traces", str(path), "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a directory" in _one_sentence(capsys.readouterr().err)
+    (tmp_path / "junk.jsonl").write_text("nope\n")
+    assert analysis_main(["figures", "--traces", str(tmp_path / "junk.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "no readable trace" in _one_sentence(capsys.readouterr().err)
