@@ -246,13 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
     for name in DELEGATED:
-        sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`").set_defaults(func=_not_here)
+        sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """generate and budget (bench, prepare, train and distill have their own mains: eagle/__main__.py)."""
+    """Every command; bench, prepare, train and distill are handed to their modules' mains, which
+    run inside the same error boundary."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        return _delegate(argv[0], argv[1:])
     return run_guarded(lambda: _run(argv))
 
 
@@ -262,5 +265,9 @@ def _run(argv: list[str]) -> int:
     return args.func(args)
 
 
-def _not_here(args: argparse.Namespace) -> int:
-    raise ValueError(f"`{args.command}` is run as `python -m eagle {args.command}` (eagle/__main__.py)")
+def _delegate(command: str, argv: list[str]) -> int:
+    if command == "bench":
+        from .bench import main as bench_main
+        return bench_main(argv)
+    from .train import main as train_main
+    return train_main([command, *argv])

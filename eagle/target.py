@@ -156,26 +156,26 @@ def _check_local_model(path: Path, name: str) -> None:
 
 def locate_model(name_or_path: str) -> tuple[str, bool]:
     """Where to load a model from and whether to stay offline. A local directory is checked here
-    (transformers would call a missing one an invalid repo id); a hub id that is neither cached nor
-    reachable fails at once, instead of after a minute of retries."""
+    (transformers would call a missing one an invalid repo id); a hub id that is not cached fails at
+    once when the hub is off (HF_HUB_OFFLINE) or cannot be reached, instead of after a minute of
+    retries."""
     from huggingface_hub import try_to_load_from_cache
     path = Path(name_or_path).expanduser()
     if path.exists() or _looks_like_path(name_or_path):
         _check_local_model(path, name_or_path)
         return str(path), True
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return name_or_path, True
     try:
-        cached = try_to_load_from_cache(name_or_path, "config.json")
+        cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
     except ValueError:  # huggingface_hub's HFValidationError: not an id at all
         raise ModelLoadError(f"{name_or_path!r} is neither a model directory nor a Hugging Face id "
                              "(ORG/NAME).") from None
-    if _hub_reachable():
-        return name_or_path, False
-    if isinstance(cached, str):
-        return name_or_path, True
-    raise ModelLoadError(f"Model {name_or_path!r} is not in the local Hugging Face cache and {_hub_host()} cannot "
-                         "be reached: connect to the internet once, or give a local model directory.")
+    told = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    offline = told or not _hub_reachable()
+    if offline and not cached:
+        why = "HF_HUB_OFFLINE is set" if told else f"{_hub_host()} cannot be reached"
+        raise ModelLoadError(f"Model {name_or_path!r} is not in the local Hugging Face cache and {why}: "
+                             "download it once online, or give a local model directory.")
+    return name_or_path, offline
 
 
 @dataclass

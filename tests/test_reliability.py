@@ -576,6 +576,14 @@ def test_train_keeps_a_head_in_final_dir_unless_told(tiny_dir, tiny_features, tm
     assert (tmp_path / "final" / "model.safetensors").exists()
 
 
+def test_a_damaged_checkpoint_is_one_sentence(tiny_dir, tiny_features, tmp_path, capsys):
+    args = [*_train_args(tiny_features, tmp_path / "run"), "--model", str(tiny_dir)]
+    assert train.main(args) == 0
+    _cut(tmp_path / "run" / "checkpoint.pt", 300)
+    assert train.main([*args, "--steps", "3"]) == 2
+    assert "checkpoint.pt cannot be resumed from" in _one_sentence(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("args, message", [
     (["train", "--features", "{tmp}/none"], "No train-*.safetensors shards in"),
     (["prepare", "--sharegpt", "{tmp}/none.json", "--features", "{tmp}/f"], "--sharegpt {tmp}/none.json: no such file"),
@@ -763,6 +771,20 @@ def test_generate_appends_one_whole_trace_per_run(tiny_cli, tmp_path, capsys):
     assert len({t.header.generation for t in traces}) == 3 and report.interrupted == 0
 
 
+def test_two_generate_runs_on_one_trace_never_mix(tiny_cli, tmp_path):
+    path = tmp_path / "t.jsonl"
+    procs = [_eagle(*tiny_cli, "--mode", mode, "--max-new-tokens", "300", "--trace", str(path))
+             for mode in ("vanilla", "dynamic")]
+    assert [p.wait(300) for p in procs] == [0, 0]
+    traces, report = read_trace(path)
+    assert sorted(t.header.config["mode"] for t in traces) == ["dynamic", "vanilla"]
+    assert report.skipped_lines == 0 and report.dropped_traces == 0 and report.interrupted == 0
+    for t in traces:
+        assert [s.step for s in t.steps] == list(range(len(t.steps))) and {s.mode for s in t.steps} == {
+            t.header.config["mode"]}
+        assert sum(len(s.new_tokens) for s in t.steps) == 300
+
+
 def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_path):
     path = tmp_path / "t.jsonl"
     args = [*tiny_cli, "--max-new-tokens", "1500", "--trace", str(path)]
@@ -800,7 +822,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tiny_cli):
     (["--head", "{tmp}/nohead"], "No draft head"),
     (["--model", "{tmp}/no-such-model"], "No model directory at"),
     (["--model", "{tmp}/head"], "has no tokenizer"),
-    (["--model", "someone/no-such-model-here"], "is not in the local Hugging Face cache"),
+    (["--model", "someone/no-such-model-here"], "'someone/no-such-model-here'"),
 ])
 def test_generate_bad_input_is_one_sentence(tiny_cli, tmp_path, capsys, extra, message):
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
@@ -812,7 +834,12 @@ def test_an_unknown_hub_id_offline_fails_at_once(tiny_cli):
     proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
                           cwd=ROOT, env={**_env(), "HF_HUB_OFFLINE": "0"}, capture_output=True, text=True,
                           timeout=60)  # no retries: the 52 s of the issue would time out here
-    assert proc.returncode == 2 and "is not in the local Hugging Face cache" in _one_sentence(proc.stderr)
+    sentence = _one_sentence(proc.stderr)
+    assert proc.returncode == 2 and "'someone/no-such-model-here'" in sentence  # (online: the hub's answer)
+    proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in _one_sentence(proc.stderr)
 
 
 def test_invalid_utf8_on_stdin_and_argv_is_one_sentence(tiny_cli):
@@ -851,6 +878,10 @@ def test_analysis_skips_damaged_steps_and_refuses_a_file_as_out(tmp_path, capsys
     path.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
     traces, messages = load_traces(path)
     assert [len(t.steps) for t in traces] == [3] and any("skipped 1 bad line" in m for m in messages)
+    assert analysis_main(["figures", "--traces", str(path), "--out", str(tmp_path / "figs"), "--formats", ""]) == 0
+    assert "skipped 1 bad line(s) in all; first: line 3: step 1 node field 'confidence' is None" \
+        in capsys.readouterr().err
+    assert (tmp_path / "figs" / "steps.csv").stat().st_size > 0
     (tmp_path / "file").write_text("x")
     assert analysis_main(["figures", "--traces", str(path), "--out", str(tmp_path / "file")]) == 2
     assert "is a file, not a directory" in _one_sentence(capsys.readouterr().err)
