@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .budget import head_fingerprint, tuned_config
+from .budget import tuned_config
 from .cli import add_decode_args, check_argv, check_output, check_runtime_args, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
 from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
+from .head import head_sha256
 from .lossless import first_divergence, is_precision_flip, logit_gap_at
 from .target import DTYPES, Target, dtype_name
 from .trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
@@ -210,7 +211,7 @@ class Pair:
     target: Target
     head: object | None
     source: str | None  # where the head came from (None without one)
-    head_sha: str | None = None  # eagle.budget.head_fingerprint of its weights (checked on resume)
+    head_sha: str | None = None  # eagle.head.head_sha256 of its weights (checked on resume)
 
 
 class Bench:
@@ -666,11 +667,11 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec]) -> tuple[dict[st
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
     target, head, source = load_pair(args, need_head)
     default = dtype_name(target.dtype)
-    pairs = {default: Pair(target, head, source, head_fingerprint(head) if head is not None else None)}
+    pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
     for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype != default}):
         other, other_head, other_source = load_pair(argparse.Namespace(**{**vars(args), "dtype": dtype}), need_head)
         pairs[dtype] = Pair(other, other_head, other_source,
-                            head_fingerprint(other_head) if other_head is not None else None)
+                            head_sha256(other_head) if other_head is not None else None)
     return pairs, default
 
 

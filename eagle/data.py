@@ -164,15 +164,20 @@ def read_sharegpt(
     convs: list[Conversation] = []
     if limit is not None and limit <= 0:
         return convs, report
-    with open(path or sharegpt_path(), encoding="utf-8") as fh:
-        for record in iter_json_array(fh, report):
-            conv = to_conversation(record)
-            if conv is None:
-                report.records_skipped += 1
-                continue
-            convs.append(conv)
-            if limit is not None and len(convs) >= limit:
-                break
+    path = path or sharegpt_path()
+    with open(path, encoding="utf-8") as fh:
+        try:
+            for record in iter_json_array(fh, report):
+                conv = to_conversation(record)
+                if conv is None:
+                    report.records_skipped += 1
+                    continue
+                convs.append(conv)
+                if limit is not None and len(convs) >= limit:
+                    break
+        except UnicodeDecodeError as err:  # the codec's message names no file
+            raise ValueError(f"{path} is not valid UTF-8 (after {report.records_read} records: {err.reason})") \
+                from None
     return convs, report
 
 

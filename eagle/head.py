@@ -2,6 +2,7 @@
 and the target's own lm_head. Loads and saves the official checkpoint layout."""
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -202,6 +203,18 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if (path / "pytorch_model.bin").is_file():
         return _read_pickle(path / "pytorch_model.bin")
     raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
+
+
+def head_sha256(head: DraftHead) -> str:
+    """A hash of the head's own weights and token counts (not the target's shared embedding), in
+    fp32 so the load precision does not change it: what a stored result must have been drafted with
+    for a resume to reuse it."""
+    h = hashlib.sha256()
+    for name, t in sorted({**head.state_dict(), "token_counts": head.token_counts}.items()):
+        if not name.startswith("embed_tokens."):
+            h.update(name.encode())
+            h.update(t.detach().to("cpu", torch.float32).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False,

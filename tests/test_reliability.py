@@ -27,7 +27,7 @@ from eagle.decode import Decoder, PromptError, generate
 from eagle.distill import DistillConfig, regenerate
 from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
 from eagle.files import BusyError, exclusive_lock, run_guarded
-from eagle.head import COUNTS_FILE, load_head, new_head, save_head
+from eagle.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
 from eagle.target import DEFAULT_MODEL, cache_dir, load_target
 from eagle.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
                          read_trace, write_trace)
@@ -330,6 +330,18 @@ def test_damaged_head_is_one_sentence_naming_the_file(tmp_path, damage):
     assert message in str(err.value) and str(tmp_path / "h") in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_head_hash_sees_every_weight_and_the_token_counts(tmp_path):
+    target, head = tiny_pair()
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    same = head_sha256(load_head(tmp_path / "h", target))
+    assert same == head_sha256(head)
+    head.layers[0].mlp.down_proj.weight.data[0, 0] += 1  # fc untouched: the old cache key would not see it
+    assert head_sha256(head) != same
+    _, other = tiny_pair()
+    other.token_counts[3] += 1
+    assert head_sha256(other) != same
+
+
 def _save_many(path: str, seed: int) -> None:
     _, head = tiny_pair(seed=seed)
     head.token_counts += 1
@@ -574,6 +586,14 @@ def test_train_keeps_a_head_in_final_dir_unless_told(tiny_dir, tiny_features, tm
     assert (tmp_path / "final" / "config.json").read_text() == "{}"
     assert train.main([*args, "--overwrite"]) == 0
     assert (tmp_path / "final" / "model.safetensors").exists()
+
+
+def test_sharegpt_with_invalid_utf8_is_one_sentence(tiny_dir, tmp_path, capsys):
+    bad = tmp_path / "sg.json"
+    bad.write_bytes(b'[{"id": "x", "conversations": [{"from": "human", "value": "caf\xe9"}]}]')
+    assert train.main(["prepare", "--sharegpt", str(bad), "--features", str(tmp_path / "f"), "--model",
+                       str(tiny_dir), "--dtype", "float32"]) == 2
+    assert f"{bad} is not valid UTF-8" in _one_sentence(capsys.readouterr().err)
 
 
 def test_a_damaged_checkpoint_is_one_sentence(tiny_dir, tiny_features, tmp_path, capsys):
