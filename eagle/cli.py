@@ -122,8 +122,8 @@ def read_prompt(prompt: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"the prompt on stdin is not valid UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})") \
-            from None
+        bad = data[err.start:err.start + 1]
+        raise ValueError(f"the prompt on stdin is not valid UTF-8 (byte {err.start}: {bad!r})") from None
 
 
 def load_pair(args: argparse.Namespace, need_head: bool):
@@ -172,7 +172,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         result = generate(Decoder(target, head, cfg, costs), ids, on_step)
     except BaseException:  # Ctrl-C, a closed pipe, a failure: keep what was generated, marked as such
-        if args.trace:
+        if args.trace and steps:
             append_trace(args.trace, mark_interrupted(Trace(header, steps)))
         raise
     if args.trace:  # the whole generation in one locked append: concurrent runs never interleave

@@ -243,6 +243,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
                 dtype: DtypeSpec = None) -> Target:
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
     chosen = parse_dtype(dtype, dev)
@@ -251,8 +252,8 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=chosen or torch.float32, attn_implementation="sdpa",
                                                      local_files_only=offline)
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"Could not load model {name_or_path!r}: {err}") from err
+    except (OSError, ValueError, StrictDataclassError) as err:  # the last: transformers' config validation
+        raise ModelLoadError(f"Could not load model {name_or_path!r}: {' '.join(str(err).split())}") from err
     base = getattr(model, "model", None)
     if not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         raise ModelLoadError(f"{name_or_path!r} is not a Llama-family causal LM "

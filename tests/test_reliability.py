@@ -850,6 +850,24 @@ def test_generate_bad_input_is_one_sentence(tiny_cli, tmp_path, capsys, extra, m
     assert message in _one_sentence(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: c.update(num_attention_heads=5), "is not a multiple of the number of attention heads (5)"),
+    (None, "config.json' is not a valid JSON file"),
+])
+def test_a_model_dir_with_a_bad_config_is_one_sentence(tiny_cli, tiny_dir, tmp_path, capsys, damage, message):
+    model = tmp_path / "model"
+    model.mkdir()
+    for p in tiny_dir.iterdir():
+        (model / p.name).write_bytes(p.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    if damage is not None:
+        damage(config)
+    (model / "config.json").write_text("{" if damage is None else json.dumps(config))
+    assert cli.main([*tiny_cli, "--model", str(model)]) == 2
+    sentence = _one_sentence(capsys.readouterr().err)
+    assert f"Could not load model '{model}'" in sentence and message in sentence
+
+
 def test_an_unknown_hub_id_offline_fails_at_once(tiny_cli):
     proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
                           cwd=ROOT, env={**_env(), "HF_HUB_OFFLINE": "0"}, capture_output=True, text=True,
