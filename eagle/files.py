@@ -107,6 +107,7 @@ def locked_append(path: str | Path, data: bytes) -> None:
 
 
 def _append(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does: --trace runs/new/t.jsonl works
     with open(path, "a+b") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:

@@ -203,7 +203,7 @@ def test_two_concurrent_writers_on_one_trace_never_mix(tmp_path):
 
 
 def test_append_after_a_torn_line_starts_a_fresh_line(tmp_path):
-    path = tmp_path / "t.jsonl"
+    path = tmp_path / "new" / "t.jsonl"  # a directory that does not exist yet is made
     append_trace(path, _finished_trace(4, "A"))
     data = path.read_bytes()
     path.write_bytes(data[:-25])  # a writer killed mid-line
@@ -898,6 +898,14 @@ def test_a_damaged_head_through_the_cli(tiny_cli, tmp_path, capsys):
     (tmp_path / "head" / "model.safetensors").write_bytes(b"half a file")
     assert cli.main(tiny_cli) == 2
     assert "model.safetensors is corrupt" in _one_sentence(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("args, message", [(["budget", "--threads", "0"], "--threads must be >= 1"),
+                                           (["budget", "--device", "tpu"], "unknown device 'tpu'"),
+                                           (["generate", "--prompt", "x", "--trace", "/dev/null/t"], "is not a directory")])
+def test_budget_and_generate_check_flags_before_any_model_loads(tmp_path, capsys, args, message):
+    assert cli.main([*args, "--model", str(tmp_path / "no-model")]) == 2
+    assert message in _one_sentence(capsys.readouterr().err)
 
 
 def test_a_closed_pipe_ends_quietly(capsys):
