@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from .budget import tuned_config
-from .cli import add_decode_args, check_argv, check_output, check_runtime_args, config_from_args, load_pair
+from .checks import check_argv, check_output, check_runtime_args
+from .cli import add_decode_args, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
 from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded

@@ -30,7 +30,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .cli import check_argv, check_output, check_runtime_args
+from .checks import check_argv, check_output, check_runtime_args
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .distill_store import target_sha256
