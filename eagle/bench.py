@@ -335,8 +335,9 @@ def _check_reusable(path: Path, trace: Trace, want: Expected) -> None:
     if h.model != want.model:
         raise ValueError(f"{where} was made with model {h.model!r} (this run: {want.model!r}): use a new --out.")
     if h.meta.get("head_sha") != want.head_sha:
-        raise ValueError(f"{where} was made with another draft head (weights {h.meta.get('head_sha') or 'not recorded'}, "
-                         f"this run's {want.head_sha}): use the same --head or a new --out.")
+        was = h.meta.get("head_sha") or "not recorded"
+        raise ValueError(f"{where} was made with another draft head (weights {was}, this run's {want.head_sha}): "
+                         "use the same --head or a new --out.")
     q = want.questions.get(h.meta["question_id"])
     if q is not None and _user_turns(trace) != list(q.turns[:int(h.meta["turn"])]):
         raise ValueError(f"{where} answers another question text than the dataset now holds: use a new --out.")

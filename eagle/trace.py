@@ -199,12 +199,17 @@ def _is(value: object, kind: str) -> bool:
     return type(value) is _TYPES[kind]  # `type is`: a bool is not an int here
 
 
-def _check_fields(obj: dict, required: dict[str, str], optional: dict[str, str], what: str) -> None:
+def _check_fields(obj: dict, required: dict[str, str], optional: dict[str, str], record: type,
+                  what: str) -> None:
+    """Required fields present, known ones of the right kind; a field of the record's dataclass
+    that the tables do not list yet (added by a newer writer) passes unchecked, any other is refused."""
     for name in required:
         if name not in obj:
             raise ValueError(f"{what} lacks the field {name!r}")
     for name, value in obj.items():
         kind = required.get(name) or optional.get(name)
+        if kind is None and name in record.__dataclass_fields__:
+            continue
         if kind is None:
             raise ValueError(f"{what} has an unknown field {name!r}")
         if not _is(value, kind):
@@ -219,15 +224,15 @@ def _parse(line: str) -> TraceHeader | tuple[str | None, StepRecord]:
         raise ValueError("not a JSON object")
     if obj.get("kind") == "header":
         _check_schema(obj)
-        _check_fields(obj, HEADER_FIELDS, HEADER_OPTIONAL, "header")
+        _check_fields(obj, HEADER_FIELDS, HEADER_OPTIONAL, TraceHeader, "header")
         fields = {k: obj[k] for k in HEADER_FIELDS}
         return TraceHeader(**fields, meta=obj.get("meta", {}), generation=obj.get("generation", ""))
     if obj.get("kind") == "step":
-        _check_fields(obj, STEP_FIELDS, STEP_OPTIONAL, "step")
+        _check_fields(obj, STEP_FIELDS, STEP_OPTIONAL, StepRecord, "step")
         for node in obj["nodes"]:
             if not isinstance(node, dict):
                 raise ValueError("step has a node that is not an object")
-            _check_fields(node, NODE_FIELDS, NODE_OPTIONAL, f"step {obj['step']} node")
+            _check_fields(node, NODE_FIELDS, NODE_OPTIONAL, NodeRecord, f"step {obj['step']} node")
         return obj.get("generation") or None, StepRecord.from_dict(obj)  # "" (a rewritten v1 trace): no id
     raise ValueError(f"unknown record kind {obj.get('kind')!r}")
 

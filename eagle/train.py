@@ -204,7 +204,8 @@ def _prepare_locked(target: Target, out_dir: Path, manifest: dict, sharegpt: str
              report.records_skipped)
     if distill is not None:
         convs = _self_distill(target, convs, out_dir, distill, stats, log)
-    by_split = dict(zip(("train", "heldout"), split_conversations(convs, manifest["heldout_fraction"], manifest["seed"])))
+    split = split_conversations(convs, manifest["heldout_fraction"], manifest["seed"])
+    by_split = dict(zip(("train", "heldout"), split))
     samples = {s: _tokenize_all(target, c, manifest["max_len"], s) for s, c in by_split.items()}
     manifest = {**manifest, "samples_sha256": samples_sha256(samples)}
     _check_manifest(out_dir, manifest)

@@ -300,20 +300,22 @@ def _edit_config(path, **changes):
 
 
 HEAD_DAMAGE = {
-    "truncated weights": (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:900]),
-                          "model.safetensors is corrupt"),
+    "truncated weights": (lambda p: _cut(p / "model.safetensors", 900), "model.safetensors is corrupt"),
     "garbage weights": (lambda p: (p / "model.safetensors").write_bytes(b"\x00" * 64), "model.safetensors is corrupt"),
     "truncated token counts": (lambda p: (p / COUNTS_FILE).write_bytes(b"{}"), "token_counts.safetensors is corrupt"),
-    "invalid JSON config": (lambda p: (p / "config.json").write_text('{"hidden_size": 32,'), "config.json is not valid JSON"),
+    "invalid JSON config": (lambda p: (p / "config.json").write_text('{"hidden_size": 32,'),
+                            "config.json is not valid JSON"),
     "config not an object": (lambda p: (p / "config.json").write_text("[1, 2]"), "is not a JSON object"),
     "heads do not divide the hidden size": (lambda p: _edit_config(p, num_attention_heads=5, head_dim=None),
                                             "does not divide by num_attention_heads 5"),
     "kv heads do not divide the heads": (lambda p: _edit_config(p, num_key_value_heads=3), "num_key_value_heads 3"),
     "more heads than the weights have": (lambda p: _edit_config(p, num_attention_heads=8, head_dim=8),
                                          "weights do not match its config.json"),
-    "intermediate size differs": (lambda p: _edit_config(p, intermediate_size=48), "weights do not match its config.json"),
+    "intermediate size differs": (lambda p: _edit_config(p, intermediate_size=48),
+                                  "weights do not match its config.json"),
     "hidden size differs from the target": (lambda p: _edit_config(p, hidden_size=16), "hidden_size 16 but the target"),
-    "corrupt pytorch_model.bin": (lambda p: ((p / "model.safetensors").unlink(), (p / "pytorch_model.bin").write_bytes(b"PK")),
+    "corrupt pytorch_model.bin": (lambda p: ((p / "model.safetensors").unlink(),
+                                             (p / "pytorch_model.bin").write_bytes(b"PK")),
                                   "pytorch_model.bin is corrupt"),
 }
 
@@ -357,7 +359,8 @@ def test_concurrent_save_head_leaves_a_whole_head(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == sorted([COUNTS_FILE, "config.json", "model.safetensors"])
+    names = sorted(p.name for p in (tmp_path / "h").iterdir())
+    assert names == sorted([COUNTS_FILE, "config.json", "model.safetensors"])  # no temporary left behind
     target, _ = tiny_pair()
     assert int(load_head(tmp_path / "h", target).token_counts.sum()) == 12
 
@@ -664,8 +667,8 @@ def test_distill_open_file_bad_lines_are_skipped_and_counted(tmp_path):
     store = DistillStore.open(tmp_path, {"model": "m", "target_sha256": "x", "max_new_tokens": 1,
                                          "max_prompt_tokens": 1, "temperature": 0.0, "seed": 0})
     records = [{"id": i, "conversations": [], "truncated": False, "new_tokens": 1} for i in range(4)]
-    (tmp_path / OPEN_FILE).write_text("\n".join([json.dumps(records[0]), "", "{not json", *map(json.dumps, records[1:])])
-                                      + '\n{"id": 9, "conv')
+    lines = [json.dumps(records[0]), "", "{not json", *map(json.dumps, records[1:])]
+    (tmp_path / OPEN_FILE).write_text("\n".join(lines) + '\n{"id": 9, "conv')
     stats = ReadStats()
     assert sorted(store.read_open(stats)) == [0, 1, 2, 3] and stats.bad_lines == 1 and stats.torn_tail
 
@@ -900,9 +903,11 @@ def test_a_damaged_head_through_the_cli(tiny_cli, tmp_path, capsys):
     assert "model.safetensors is corrupt" in _one_sentence(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("args, message", [(["budget", "--threads", "0"], "--threads must be >= 1"),
-                                           (["budget", "--device", "tpu"], "unknown device 'tpu'"),
-                                           (["generate", "--prompt", "x", "--trace", "/dev/null/t"], "is not a directory")])
+@pytest.mark.parametrize("args, message", [
+    (["budget", "--threads", "0"], "--threads must be >= 1"),
+    (["budget", "--device", "tpu"], "unknown device 'tpu'"),
+    (["generate", "--prompt", "x", "--trace", "/dev/null/t"], "is not a directory"),
+])
 def test_budget_and_generate_check_flags_before_any_model_loads(tmp_path, capsys, args, message):
     assert cli.main([*args, "--model", str(tmp_path / "no-model")]) == 2
     assert message in _one_sentence(capsys.readouterr().err)
