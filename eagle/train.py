@@ -107,9 +107,6 @@ def _write_shard(target: Target, samples: list[Sample], path: Path) -> int:
 
 
 SHARD_KEYS = {"input_ids", "loss_mask", "features", "offsets"}
-# What the shards' contents depend on; a resume must match every one (dtype: bf16 features differ).
-MANIFEST_KEYS = ("model", "target_sha256", "dtype", "n_conversations", "max_len", "heldout_fraction", "seed",
-                 "shard_size", "self_distill")
 
 
 def read_manifest(features_dir: Path) -> dict | None:
@@ -188,6 +185,7 @@ def prepare_features(target: Target, out_dir: str | Path, n_conversations: int =
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / ".lock", f"prepare --features {out_dir}"):
+        # what the shards' contents depend on; a resume must match every one (dtype: bf16 features differ)
         manifest = dict(model=target.name, target_sha256=target_sha256(target.model), dtype=dtype_name(target.dtype),
                         n_conversations=n_conversations, max_len=max_len, heldout_fraction=heldout_fraction,
                         seed=seed, shard_size=shard_size, self_distill=asdict(distill) if distill else None)
