@@ -1,15 +1,9 @@
 """EAGLE-2 Explorer: `streamlit run app/main.py`. The router; every page lives in app/pages/."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import streamlit as st
-
-# `streamlit run` puts app/ on sys.path, not the repo root that holds eagle/ and analysis/.
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 PAGES = Path(__file__).resolve().parent / "pages"
 # A bundled file, served by this server: a material or emoji page icon makes the browser fetch the

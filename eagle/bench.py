@@ -34,11 +34,11 @@ from .decode import Decoder, encode_prompt, generate
 from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from .head import head_sha256
 from .lossless import first_divergence, is_precision_flip, logit_gap_at
+from .resources import resource_path
 from .target import DTYPES, Target, dtype_name
 from .trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-DATASETS = {"mt_bench": ROOT / "data" / "mt_bench.jsonl"}
+DATASETS = {"mt_bench": resource_path("mt_bench.jsonl")}
 HF_MODES = ("hf", "hf_pld")
 KINDS = (*MODES, *HF_MODES)
 PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf_pld (the transformers docs' usual value)
@@ -706,7 +706,7 @@ def _bench(args: argparse.Namespace) -> int:
     specs = parse_modes(args.modes)
     _check_budget_flag(args.budget, specs)
     check_runtime_args(args)
-    out = args.out or ROOT / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S")
     check_output(out, "--out", directory=True)
     _check_summary_owner(out, args.overwrite)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,10 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from .files import atomic_write, atomic_write_json
 from .kvcache import KVCache, prefix_mask
+from .resources import resource_path
 
-COUNTS_FILE = "token_counts.safetensors"
-HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the repo, by target name  # our addition: token frequencies for the reduced draft vocabulary
+COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
+HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target name
 
 
 class HeadMismatchError(ValueError):

@@ -641,7 +641,7 @@ def _run_distill(args: argparse.Namespace, target: Target) -> None:
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--out", default="runs/train", help="checkpoints, logs and the trained head")
-    p.add_argument("--final-dir", default=None, help="also save the final head here (e.g. heads/NAME)")
+    p.add_argument("--final-dir", default=None, help="also save the final head here (e.g. eagle/resources/heads/NAME)")
     p.add_argument("--overwrite", action="store_true", help="replace a head already in --final-dir")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.lr)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_STATIC_TREE = Path(__file__).parent.parent / "data" / "eagle1_mc_sim_7b_63.json"
+from .resources import resource_path
+
+DEFAULT_STATIC_TREE = resource_path("eagle1_mc_sim_7b_63.json")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields make == ambiguous

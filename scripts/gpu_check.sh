@@ -43,8 +43,8 @@ load="from eagle.target import load_target; t = load_target('$MODEL'); print('mo
 if ! timeout 180 "$PY" -c "$load"; then
   echo "gpu_check: the model $MODEL cannot be loaded here (no PyPI?): set MODEL to a local HF directory"; exit 4
 fi
-[ -f "heads/$(basename "$MODEL")/config.json" ] && echo "head: heads/$(basename "$MODEL")" \
-  || echo "note: no trained head in heads/: dynamic runs with a random head (tau ~1, speed-up < 1)"
+[ -f "eagle/resources/heads/$(basename "$MODEL")/config.json" ] && echo "head: eagle/resources/heads/$(basename "$MODEL")" \
+  || echo "note: no trained head in eagle/resources/heads/: dynamic runs with a random head (tau ~1, speed-up < 1)"
 
 rc=0
 echo "== lossless tests on CUDA (test_decode.py -k 'greedy or sampling') =="

@@ -7,6 +7,8 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
+# This checkout itself, editable: `streamlit run app/main.py` then imports eagle and analysis without path tricks.
+.venv/bin/python -m pip install -q --no-deps -e .
 # Headless Chromium: figure export (kaleido) and the browser test. Optional: skipped without root/apt.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq chromium chromium-driver fonts-liberation >/dev/null) \

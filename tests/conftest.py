@@ -32,8 +32,8 @@ def trained_head(target):
 @pytest.fixture(scope="session")
 def mt_prompts():
     import json
-    root = Path(__file__).resolve().parent.parent
-    with open(root / "data" / "mt_bench.jsonl", encoding="utf-8") as f:
+    from eagle.resources import resource_path
+    with open(resource_path("mt_bench.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

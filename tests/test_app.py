@@ -263,7 +263,7 @@ def test_dtype_is_shown_and_keys_the_model_pair():
     auto = state._load_models(DEFAULT_MODEL, "auto", "auto")
     assert f"**{auto.dtype_label}**" in note and auto.target.dtype_report["reason"] in note
     badge = at.sidebar.success[0].value
-    assert badge == "Draft head: trained head (heads/smollm2-135m-instruct)"  # no machine path
+    assert badge == "Draft head: trained head (eagle/resources/heads/smollm2-135m-instruct)"  # no machine path
     at.sidebar.selectbox(key="dtype").set_value("float32").run()
     _no_trouble(at)
     named = state._load_models(DEFAULT_MODEL, "auto", "float32")
