@@ -10,99 +10,26 @@ Conventions used throughout:
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from eagle.config import MODES
-from eagle.trace import NodeRecord, StepRecord, Trace, TraceHeader
+# The record -> row tables live in eagle.frames (so eagle.explore can return them); re-exported here.
+from eagle.frames import (  # noqa: F401
+    NODE_COLUMNS,
+    STEP_COLUMNS,
+    TraceLike,
+    as_traces,
+    nodes_frame,
+    prompt_id,
+    rank_paths,
+    steps_frame,
+    tree_shape,
+)
 
 CalibrationBy = Literal["confidence", "value"]
-
-NODE_COLUMNS = ["trace", "prompt_id", "mode", "step", "id", "parent", "depth", "rank", "position",
-                "token", "text", "confidence", "value", "kept", "accepted", "parent_accepted",
-                "target_prob"]
-STEP_COLUMNS = ["trace", "prompt_id", "mode", "step", "prefill", "accept_length", "accepted_drafts",
-                "new_tokens", "target_forwards", "drafted", "tree_size", "max_depth", "width", "leaves",
-                "t_prefill", "t_draft", "t_verify", "t_commit", "seconds", "finished",
-                "total_tokens", "cfg_depth", "top_k", "temperature"]
-# Header meta keys that name the prompt, most specific first (MT-bench uses question_id).
-PROMPT_ID_KEYS = ("question_id", "prompt_id", "id")
-
-
-def prompt_id(header: TraceHeader) -> object:
-    """The prompt's id from the header meta, or None when the trace does not carry one."""
-    return next((header.meta[k] for k in PROMPT_ID_KEYS if k in header.meta), None)
-
-
-def rank_paths(nodes: list[NodeRecord]) -> dict[int, str]:
-    """Node id -> its position as the sibling ranks from the root, e.g. "0-1-0" ("" for the root).
-    The static tree verifies the same positions every round, so this names a node across rounds."""
-    by_id = {n.id: n for n in nodes}
-    paths: dict[int, str] = {}
-    for n in sorted(nodes, key=lambda n: n.depth):  # parents sit one level above their children
-        parent_path = paths.get(n.parent) if n.parent in by_id else None
-        if parent_path is None:
-            paths[n.id] = ""
-        else:
-            paths[n.id] = f"{parent_path}-{n.rank}" if parent_path else str(n.rank)
-    return paths
-
-
-def _node_rows(i: int, pid: object, step: StepRecord) -> list[dict]:
-    by_id = {n.id: n for n in step.nodes}
-    paths = rank_paths(step.nodes)
-    return [{"trace": i, "prompt_id": pid, "mode": step.mode, "step": step.step, "id": n.id,
-             "parent": n.parent, "depth": n.depth, "rank": n.rank, "position": paths[n.id],
-             "token": n.token, "text": n.text, "confidence": n.confidence, "value": n.value,
-             "kept": bool(n.kept), "accepted": bool(n.accepted),
-             "parent_accepted": bool(by_id[n.parent].accepted) if n.parent in by_id else False,
-             "target_prob": np.nan if n.target_prob is None else n.target_prob}
-            for n in step.nodes if n.parent >= 0]
-
-
-def nodes_frame(traces: list[Trace]) -> pd.DataFrame:
-    """One row per drafted node of every step (the root is left out: it is not a draft)."""
-    rows = [row for i, t in enumerate(traces) for s in t.steps
-            for row in _node_rows(i, prompt_id(t.header), s)]
-    frame = pd.DataFrame(rows, columns=NODE_COLUMNS)
-    return frame.astype({"kept": bool, "accepted": bool, "parent_accepted": bool,
-                         "confidence": float, "value": float, "target_prob": float})
-
-
-def tree_shape(step: StepRecord) -> dict[str, int]:
-    """Shape of the verified draft tree (root excluded): size, deepest level, widest level, leaves."""
-    kept = [n for n in step.nodes if n.kept and n.parent >= 0]
-    per_depth = Counter(n.depth for n in kept)
-    parents = {n.parent for n in kept}
-    return {"drafted": sum(1 for n in step.nodes if n.parent >= 0), "tree_size": len(kept),
-            "max_depth": max(per_depth, default=0), "width": max(per_depth.values(), default=0),
-            "leaves": sum(1 for n in kept if n.id not in parents)}
-
-
-def _step_row(i: int, header: TraceHeader, step: StepRecord) -> dict:
-    t = step.timings
-    prefill = step.step == 0 or "prefill" in t
-    cfg = header.config
-    return {"trace": i, "prompt_id": prompt_id(header), "mode": step.mode, "step": step.step,
-            "prefill": prefill, "accept_length": step.accept_length,
-            "accepted_drafts": 0 if prefill else max(0, step.accept_length - 1),
-            "new_tokens": len(step.new_tokens), "target_forwards": step.target_forwards,
-            **tree_shape(step),
-            **{f"t_{k}": float(t.get(k, np.nan)) for k in ("prefill", "draft", "verify", "commit")},
-            "seconds": float(sum(t.values())), "finished": step.finished,
-            "total_tokens": cfg.get("total_tokens"), "cfg_depth": cfg.get("depth"),
-            "top_k": cfg.get("top_k"), "temperature": cfg.get("temperature")}
-
-
-def steps_frame(traces: list[Trace]) -> pd.DataFrame:
-    """One row per step. tree_size counts the verified draft tokens (the config's total_tokens
-    counts the root too); accepted_drafts = accept_length - 1 (0 for the prefill)."""
-    rows = [_step_row(i, t.header, s) for i, t in enumerate(traces) for s in t.steps]
-    return pd.DataFrame(rows, columns=STEP_COLUMNS).astype({"prefill": bool})
-
 
 # ---- calibration ----------------------------------------------------------------------------------
 def calibration_sample(nodes: pd.DataFrame, by: CalibrationBy = "confidence") -> pd.DataFrame:
@@ -232,7 +159,7 @@ def mode_order(modes: pd.Series) -> list:
     return sorted(modes.unique(), key=lambda m: (MODES.index(m) if m in MODES else len(MODES), str(m)))
 
 
-def compare_modes(traces: list[Trace]) -> pd.DataFrame:
+def compare_modes(traces: TraceLike) -> pd.DataFrame:
     """Per mode: tau = new tokens / target forwards (the prefill counts as one of each), mean
     accept_length and tree size per round, decoder-timed tokens/s, the draft's share of the time,
     and the speed-up over vanilla when vanilla traces are present."""
