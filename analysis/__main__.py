@@ -17,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     fig = sub.add_parser("figures", help="write every figure and table for a set of traces")
-    fig.add_argument("--traces", required=True, type=Path, help="a .jsonl trace file or a directory of them")
+    fig.add_argument("--traces", required=True, type=Path, help="a .jsonl trace file, a directory of them, or an `eagle bench` output directory")
     fig.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
     fig.add_argument("--bins", type=int, default=10, help="calibration bins (default 10)")
     fig.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")

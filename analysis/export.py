@@ -26,14 +26,22 @@ class ExportResult:
     messages: list[str] = field(default_factory=list)
 
 
+def trace_files(path: Path) -> list[Path]:
+    """A .jsonl file; a directory's *.jsonl (sorted, not recursive); or, for an `eagle bench --out`
+    directory (its traces sit in traces/), that traces/ folder's *.jsonl."""
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("*.jsonl"))
+    return files or sorted((path / "traces").glob("*.jsonl"))
+
+
 def load_traces(path: str | Path) -> tuple[list[Trace], list[str]]:
-    """Every trace in a .jsonl file, or in every *.jsonl of a directory (sorted, not recursive), and
-    one message per problem of a file: skipped lines, dropped (mixed) traces, interrupted
-    generations, or a file that could not be read at all."""
+    """Every trace in the files trace_files finds, and one message per problem of a file: skipped lines,
+    dropped (mixed) traces, interrupted generations, or a file that could not be read at all."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no trace file or directory at {path}")
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    files = trace_files(path)
     traces: list[Trace] = []
     messages: list[str] = []
     for file in files:

@@ -13,17 +13,14 @@ import io
 import pstats
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eagle.bench import load_questions  # noqa: E402
-from eagle.config import DecodeConfig  # noqa: E402
-from eagle.decode import Decoder, encode_prompt, generate  # noqa: E402
-from eagle.head import resolve_head  # noqa: E402
-from eagle.target import load_target  # noqa: E402
+from eagle.bench import load_questions
+from eagle.config import DecodeConfig
+from eagle.decode import Decoder, encode_prompt, generate
+from eagle.head import resolve_head
+from eagle.target import load_target
 
 
 def phase_table(steps: list, wall: float) -> list[tuple[str, float, float]]:

@@ -272,6 +272,21 @@ def test_cli_reports_missing_input(tmp_path, capsys) -> None:
     assert traces == [] and messages == []
 
 
+def test_traces_from_a_bench_dir_a_traces_folder_or_a_file(tmp_path) -> None:
+    bench = tmp_path / "run"  # the layout `eagle bench --out run` writes
+    (bench / "traces").mkdir(parents=True)
+    write_trace(bench / "traces" / "dynamic.jsonl", [trace(one_child_steps(0.7, 4, 3))])
+    write_trace(bench / "traces" / "static.jsonl", [trace(one_child_steps(0.4, 3, 1, "static"), "static", 2)])
+    (bench / "summary.json").write_text("{}")
+    for path in (bench, bench / "traces"):
+        found, messages = load_traces(path)
+        assert sorted(t.header.config["mode"] for t in found) == ["dynamic", "static"] and messages == []
+    found, _ = load_traces(bench / "traces" / "static.jsonl")
+    assert [t.header.config["mode"] for t in found] == ["static"]
+    assert main(["figures", "--traces", str(bench), "--out", str(tmp_path / "figs"), "--formats", "svg"]) == 0
+    assert len(pd.read_csv(tmp_path / "figs" / "steps.csv")) == 9
+
+
 # ---- fuzz -----------------------------------------------------------------------------------------
 @st.composite
 def random_step(draw, index: int, mode: str) -> StepRecord:
