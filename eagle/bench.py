@@ -633,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a summary.json in --out that bench did not write (refused otherwise)")
+    p.add_argument("--export", choices=("spec-bench",), default=None,
+                   help="spec-bench: also write Spec-Bench answer files (OUT/spec-bench/<model>-<mode>.jsonl) "
+                        "and print Spec-Bench's per-question mean speed-up beside ours")
     add_decode_args(p)
     return p
 
@@ -738,6 +741,11 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
                    "configs": {s.label: bench.config_dict(s) for s in plan.specs}}
         write_outputs(plan, results, summary, summary["configs"])
     print_report(summary)
+    if args.export == "spec-bench":
+        from .specbench import export_spec_bench, format_speedups, speedups
+        files = export_spec_bench(plan.out)
+        print(f"\nSpec-Bench answer files in {plan.out / 'spec-bench'} (per-question mean vs the bench's totals):")
+        print(format_speedups(speedups(files), summary["modes"]))
     if args.json:
         print(json_line(summary))
     return _check_lossless(summary, plan.specs)
