@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from .budget import tuned_config
 from .checks import check_argv, check_output, check_runtime_args
-from .cli import add_decode_args, config_from_args, load_pair
+from .cli import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
 from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
@@ -618,7 +618,8 @@ def json_line(summary: dict) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eagle bench",
+    p = argparse.ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Benchmark decoding modes on a question set, interleaved.")
     p.add_argument("--dataset", required=True, help="mt_bench or a JSONL file (question_id, category, turns)")
     p.add_argument("--modes", default="vanilla,static,dynamic,hf,hf_pld",

@@ -20,6 +20,15 @@ from .trace import Trace, TraceHeader, append_trace, mark_interrupted
 DELEGATED = ("bench", "prepare", "train", "distill")
 
 
+KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
+  --total-tokens  total_token / --speculative-num-draft-tokens / (tree verified nodes, root included)
+  --depth         depth / --speculative-num-steps = depth + 1 (SGLang counts levels) / num_speculative_tokens
+                  = depth + 1 for a chain (top_k 1)
+  --top-k         top_k / --speculative-eagle-topk / -
+  --draft-vocab   FR-Spec's reduced draft vocabulary / --speculative-token-map (see export-token-map) / -
+presets: paper = 60/6/10 (the EAGLE-2 paper; the official scripts default to depth 5); cpu = a fixed small tree"""
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Which target and head, where and at what precision: shared by generate, bench and budget."""
     p.add_argument("--model", default=DEFAULT_MODEL, help="default: the embedded SmolLM2-135M-Instruct")
@@ -187,10 +196,18 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_token_map(args: argparse.Namespace) -> int:
+    from .tokenmap import export_token_map
+    ids = export_token_map(args.out, args.head, args.k, args.model, args.force)
+    print(f"wrote {ids.numel()} token ids to {args.out} (SGLang: --speculative-token-map {args.out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text from a prompt")
+    g = sub.add_parser("generate", help="generate text from a prompt", epilog=KNOBS_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--prompt", required=True, help="the user message ('-' reads stdin)")
     g.add_argument("--mode", choices=MODES, default="dynamic")
     g.add_argument("--trace", type=Path, default=None, help="append the trace (JSON lines) to this file")
@@ -202,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
+    t = sub.add_parser("export-token-map", help="write the draft vocabulary as SGLang's --speculative-token-map file")
+    t.add_argument("--k", type=int, required=True, help="how many of the most frequent tokens (e.g. 32768)")
+    t.add_argument("--out", type=Path, required=True, help="the .pt file to write")
+    t.add_argument("--head", default="auto", help="head directory, or auto: the shipped head for --model")
+    t.add_argument("--model", default=DEFAULT_MODEL, help="the target the shipped head belongs to")
+    t.add_argument("--force", action="store_true", help="replace --out if it exists")
+    t.set_defaults(func=cmd_export_token_map)
     for name in DELEGATED:
         sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
     return parser

@@ -92,9 +92,16 @@ class DraftHead(nn.Module):
 
     def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
         """The k most frequent token ids (None when k is 0, >= vocab, or no counts are stored)."""
-        if k <= 0 or k >= self.config.vocab_size or int(self.token_counts.sum()) == 0:
-            return None
-        return torch.topk(self.token_counts, k).indices.sort().values.to(self.fc.weight.device)
+        ids = top_token_ids(self.token_counts, k)
+        return None if ids is None else ids.to(self.fc.weight.device)
+
+
+def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The k most frequent token ids, ascending (FR-Spec's reduced draft vocabulary); None when k is 0,
+    covers the whole vocabulary, or there are no counts."""
+    if k <= 0 or k >= counts.numel() or int(counts.sum()) == 0:
+        return None
+    return torch.topk(counts, k).indices.sort().values
 
 
 def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
