@@ -234,12 +234,22 @@ def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()
              if include_embedding or not k.startswith("embed_tokens.")}
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
-    config = head.config.to_dict()
+    config = with_legacy_keys(head.config.to_dict(), dtype)
     config["architectures"] = ["LlamaForCausalLM"]
     atomic_write_json(path / "config.json", config)
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
         atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
+
+
+def with_legacy_keys(config: dict, dtype: torch.dtype) -> dict:
+    """Add the keys transformers 4.x and the official EAGLE loaders read beside transformers 5's
+    rope_parameters: without rope_theta they silently fall back to base 10000."""
+    rope = dict(config.get("rope_parameters") or {})
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {**config, "rope_theta": rope.get("rope_theta", 10000.0),
+            "rope_scaling": None if scaling.get("rope_type", "default") == "default" else scaling,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def new_head(target, seed: int = 0) -> DraftHead:

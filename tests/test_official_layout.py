@@ -1,0 +1,38 @@
+"""Files other tools read: the shipped head's config carries the keys the official EAGLE layout (and
+transformers 4.x) read, and a head saved here round-trips through them."""
+import json
+
+import torch
+from transformers import LlamaConfig
+
+from eagle.head import load_head, save_head, shipped_head_path
+
+# The keys of an official EAGLE-1/2 head config.json (e.g. yuhuili/EAGLE-LLaMA3-Instruct-8B).
+OFFICIAL_KEYS = ("architectures", "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "initializer_range",
+                 "intermediate_size", "max_position_embeddings", "model_type", "num_attention_heads",
+                 "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
+                 "tie_word_embeddings", "torch_dtype", "vocab_size")
+
+
+def _official_view(config: dict) -> LlamaConfig:
+    """The config as an older reader builds it: only the official keys, no rope_parameters."""
+    return LlamaConfig(**{k: config[k] for k in OFFICIAL_KEYS})
+
+
+def test_shipped_head_config_has_the_official_keys():
+    config = json.loads((shipped_head_path("smollm2-135m-instruct") / "config.json").read_text())
+    assert all(k in config for k in OFFICIAL_KEYS)
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0  # not the 10000 fallback
+    assert config["torch_dtype"] == "float16" and config["rope_scaling"] is None
+    assert _official_view(config).rope_parameters["rope_theta"] == 100000.0
+
+
+def test_saved_head_round_trips_through_the_official_keys(tmp_path, trained_head, target):
+    save_head(trained_head, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rope_theta"] == trained_head.config.rope_parameters["rope_theta"]
+    official = {k: config[k] for k in OFFICIAL_KEYS}
+    (tmp_path / "config.json").write_text(json.dumps(official))  # as an official head directory would hold
+    again = load_head(tmp_path, target)
+    assert again.config.rope_parameters["rope_theta"] == trained_head.config.rope_parameters["rope_theta"]
+    assert torch.equal(again.fc.weight, trained_head.fc.weight)  # fp16 weights, saved and read back exactly
