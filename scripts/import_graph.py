@@ -84,13 +84,14 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(module: str) -> int:
-    """0 core, 1 eagle tools and training, 2 the CLI, 3 analysis, 4 app (higher may import lower)."""
+    """0 core, 1 eagle tools and training, 2 the CLI and notebook API, 3 analysis, 4 app (higher may import lower)."""
     top = module.split(".")[0]
     if top == "app":
         return 4
     if top == "analysis":
         return 3
-    if module in ("eagle.cli", "eagle.__main__"):
+    # entry points: the CLI, and the notebook API with the package facade that re-exports it lazily
+    if module in ("eagle.cli", "eagle.__main__", "eagle.notebook", "eagle"):
         return 2
     return 1 if module.split(".")[1:2] in (["tools"], ["training"]) else 0
 
