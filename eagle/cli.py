@@ -13,7 +13,7 @@ from pathlib import Path
 from .checks import check_argv, check_output, check_runtime_args, check_seed
 from .config import MODES, PRESETS, DecodeConfig
 from .files import run_guarded
-from .head import resolve_head
+from .head import locate_head, resolve_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, dtype_name, load_target
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
 
@@ -32,7 +32,8 @@ presets: paper = 60/6/10 (the EAGLE-2 paper; the official scripts default to dep
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Which target and head, where and at what precision: shared by generate, bench and budget."""
     p.add_argument("--model", default=DEFAULT_MODEL, help="default: the embedded SmolLM2-135M-Instruct")
-    p.add_argument("--head", default="auto", help="draft head dir, 'auto' (shipped head) or 'random'")
+    p.add_argument("--head", default="auto", help="draft head: a directory, a Hugging Face id (e.g. yuhuili/EAGLE-LLaMA3-Instruct-8B), "
+                        "'auto' (the shipped head for --model, else random) or 'random'")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="precision of the target and head; auto (default): bf16 on CUDA (fp16 without bf16), "
@@ -94,6 +95,8 @@ def read_prompt(prompt: str) -> str:
 
 def load_pair(args: argparse.Namespace, need_head: bool):
     """The target at --dtype (saying on stderr how auto chose it) and, when needed, the head."""
+    if need_head:  # a hub id downloads (or fails offline) before the target takes time to load
+        args.head = locate_head(args.head)
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -273,6 +274,33 @@ def shipped_head_path(target_name: str) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+HEAD_FILES = ["config.json", "*.safetensors", "pytorch_model.bin"]  # what an EAGLE head repo holds that we read
+
+
+def locate_head(head: str | Path | None) -> str | Path | None:
+    """'auto', 'random' and directories pass through; a Hugging Face id (ORG/NAME, e.g.
+    yuhuili/EAGLE-LLaMA3-Instruct-8B) is downloaded (or found in the cache) and becomes its local snapshot
+    directory. Offline and not cached: one sentence at once, before any model loads."""
+    if head in (None, "auto", "random") or Path(head).expanduser().exists():
+        return head
+    from huggingface_hub import snapshot_download, try_to_load_from_cache
+    from .target import ModelLoadError, _hub_host, _hub_reachable, _looks_like_path
+    if _looks_like_path(str(head)):
+        raise FileNotFoundError(f"--head {head}: no such directory (give a head directory, a Hugging Face id, "
+                                "auto or random)")
+    try:
+        cached = isinstance(try_to_load_from_cache(str(head), "config.json"), str)
+    except ValueError:  # huggingface_hub's HFValidationError: not an id at all
+        raise ModelLoadError(f"--head {head!r} is neither a directory nor a Hugging Face id (ORG/NAME).") from None
+    told = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    offline = told or not _hub_reachable()
+    if offline and not cached:
+        why = "HF_HUB_OFFLINE is set" if told else f"{_hub_host()} cannot be reached"
+        raise ModelLoadError(f"--head {head}: not in the local Hugging Face cache and {why}; download it once "
+                             "online, or give a head directory.")
+    return Path(snapshot_download(str(head), allow_patterns=HEAD_FILES, local_files_only=offline))
+
+
 def resolve_head(target, head: str | Path | None = "auto") -> tuple[DraftHead, str]:
     """'auto': the shipped head for the target, else a random head; 'random': a fresh random head;
     otherwise a head directory. Returns the head and a description of where it came from."""
@@ -283,4 +311,5 @@ def resolve_head(target, head: str | Path | None = "auto") -> tuple[DraftHead, s
         return load_head(path, target), str(path)
     if head == "random":
         return new_head(target), "random"
-    return load_head(head, target), str(head)
+    path = locate_head(head)  # a hub id (the dashboard's head field too) -> its snapshot directory
+    return load_head(path, target), str(head)

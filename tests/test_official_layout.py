@@ -1,6 +1,9 @@
-"""Files other tools read: the shipped head's config carries the keys the official EAGLE layout (and
+"""Files and ids other tools use: the shipped head's config carries the keys the official EAGLE layout (and
 transformers 4.x) read, and a head saved here round-trips through them."""
 import json
+import os
+import subprocess
+import sys
 
 import torch
 from transformers import LlamaConfig
@@ -36,3 +39,13 @@ def test_saved_head_round_trips_through_the_official_keys(tmp_path, trained_head
     again = load_head(tmp_path, target)
     assert again.config.rope_parameters["rope_theta"] == trained_head.config.rope_parameters["rope_theta"]
     assert torch.equal(again.fc.weight, trained_head.fc.weight)  # fp16 weights, saved and read back exactly
+
+
+def test_head_hub_id_offline_is_one_sentence():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "eagle", "generate", "--prompt", "hi", "--max-new-tokens", "2",
+                          "--head", "yuhuili/EAGLE-no-such-head-18"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--head yuhuili/EAGLE-no-such-head-18" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
