@@ -286,8 +286,8 @@ def locate_head(head: str | Path | None) -> str | Path | None:
     from huggingface_hub import snapshot_download, try_to_load_from_cache
     from .target import ModelLoadError, _hub_host, _hub_reachable, _looks_like_path
     if _looks_like_path(str(head)):
-        raise FileNotFoundError(f"--head {head}: no such directory (give a head directory, a Hugging Face id, "
-                                "auto or random)")
+        raise FileNotFoundError(f"No draft head at {head}: give a head directory, a Hugging Face id (ORG/NAME), "
+                                "auto or random.")
     try:
         cached = isinstance(try_to_load_from_cache(str(head), "config.json"), str)
     except ValueError:  # huggingface_hub's HFValidationError: not an id at all
