@@ -38,6 +38,7 @@ from .draft import Drafter, draft_dynamic
 from .files import atomic_write_json, read_json_or_none
 from .head import DraftHead
 from .target import Target, cache_dir, device_name
+from .questions import load_questions
 from .timing import time_interleaved
 from .trace import StepRecord, Trace
 from .tree import rerank
@@ -419,7 +420,6 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
 
 def calibration_prompts(count: int = 3) -> list[str]:
     """First turns from the end of MT-bench (the bench's --limit runs start at the front)."""
-    from .bench import load_questions
     questions, _ = load_questions("mt_bench")
     return [q.turns[0] for q in questions[::-1][:: max(1, len(questions) // (count * 2))][:count]]
 

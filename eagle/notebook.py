@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from .checks import check_runtime_args
-from .cli import add_decode_args, budget_mode, config_from_args, load_pair
+from .loading import add_decode_args, budget_mode, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, Generation, encode_prompt, generate
 from .frames import nodes_frame, steps_frame

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from eagle.bench import load_questions
+from eagle.questions import load_questions
 from eagle.config import DecodeConfig
 from eagle.decode import Decoder, encode_prompt, generate
 from eagle.head import resolve_head

@@ -5,7 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from eagle.bench import load_questions, main, parse_modes, select_questions
+from eagle.bench import main, parse_modes
+from eagle.questions import load_questions, select_questions
 from eagle.trace import read_trace
 
 MODES = "vanilla,dynamic,hf,hf_pld"
