@@ -114,9 +114,9 @@ def get_models(dtype: str | None = None) -> Models:
 
 @st.cache_resource(show_spinner=False)
 def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
-    """The auto-budget report for the loaded pair (eagle.budget caches it on disk per machine and
+    """The auto-budget report for the loaded pair (eagle.tools.budget caches it on disk per machine and
     dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
-    from eagle.budget import auto_config
+    from eagle.tools.budget import auto_config
     with _models.lock:
         return auto_config(_models.target, _models.head, DecodeConfig(), refresh=refresh_count > 0)[1]
 

@@ -52,7 +52,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     costs = None
     budget = budget_mode(args, target.device.type)
     if cfg.mode == "dynamic" and budget != "fixed":
-        from .budget import tuned_config
+        from .tools.budget import tuned_config
         # the generation's mean context: the prompt plus half the reply it may write
         cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         print(_budget_line(budget, report), file=sys.stderr)
@@ -103,7 +103,7 @@ def _budget_line(budget: str, report: dict) -> str:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
-    from .budget import auto_config
+    from .tools.budget import auto_config
     check_runtime_args(args)
     target, head, _ = load_pair(args, need_head=True)
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
@@ -128,7 +128,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 
 def cmd_export_token_map(args: argparse.Namespace) -> int:
-    from .tokenmap import export_token_map
+    from .tools.tokenmap import export_token_map
     ids = export_token_map(args.out, args.head, args.k, args.model, args.force)
     print(f"wrote {ids.numel()} token ids to {args.out} (SGLang: --speculative-token-map {args.out})")
     return 0
@@ -179,7 +179,7 @@ def _run(argv: list[str]) -> int:
 
 def _delegate(command: str, argv: list[str]) -> int:
     if command == "bench":
-        from .bench import main as bench_main
+        from .tools.bench import main as bench_main
         return bench_main(argv)
     from .train import main as train_main
     return train_main([command, *argv])

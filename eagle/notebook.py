@@ -93,7 +93,7 @@ class Explorer:
         costs = None
         budget = budget_mode(args, target.device.type)
         if cfg.mode == "dynamic" and budget != "fixed":
-            from .budget import tuned_config
+            from .tools.budget import tuned_config
             cfg, costs, _ = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         result = generate(Decoder(target, head, cfg, costs), ids)
         header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),

@@ -54,7 +54,7 @@ def _no_trouble(at: AppTest) -> None:
 def live(target) -> AppTest:
     """The router, a typed prompt, small settings: one real generation. The auto budget is chosen
     first, outside AppTest's per-run timeout (scripts/setup.sh has usually cached it already)."""
-    from eagle.budget import auto_config
+    from eagle.tools.budget import auto_config
     from eagle.config import DecodeConfig
     from eagle.head import resolve_head
     auto_config(target, resolve_head(target, "auto")[0], DecodeConfig())

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from eagle.bench import main, parse_modes
+from eagle.tools.bench import main, parse_modes
 from eagle.questions import load_questions, select_questions
 from eagle.trace import read_trace
 
@@ -109,7 +109,7 @@ def test_mode_specs():
 def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
-    from eagle import budget
+    from eagle.tools import budget
     from eagle.config import DecodeConfig
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)

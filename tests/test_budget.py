@@ -3,8 +3,8 @@ accepted lengths, the per-machine cost cache, and auto_config on the real model.
 import numpy as np
 import pytest
 
-from eagle import budget
-from eagle.budget import AcceptModel, Costs, StepSample, choose_budget
+from eagle.tools import budget
+from eagle.tools.budget import AcceptModel, Costs, StepSample, choose_budget
 from eagle.config import DecodeConfig
 from tests.tiny import tiny_pair
 

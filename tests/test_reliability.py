@@ -20,7 +20,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from analysis.__main__ import main as analysis_main
 from analysis.export import load_traces
-from eagle import bench, cli, train
+from eagle import cli, train
+from eagle.tools import bench
 from eagle.config import DecodeConfig
 from eagle.data import read_sharegpt
 from eagle.decode import Decoder, PromptError, generate

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from eagle.bench import main
-from eagle.specbench import mean_speed, read_answers
+from eagle.tools.bench import main
+from eagle.tools.specbench import mean_speed, read_answers
 from eagle.trace import read_trace
 
 pytestmark = pytest.mark.usefixtures("single_thread")

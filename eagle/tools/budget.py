@@ -31,17 +31,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .adaptive import RoundCosts, interpolate
-from .config import DecodeConfig
-from .decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
-from .draft import Drafter, draft_dynamic
-from .files import atomic_write_json, read_json_or_none
-from .head import DraftHead
-from .target import Target, cache_dir, device_name
-from .questions import load_questions
-from .timing import time_interleaved
-from .trace import StepRecord, Trace
-from .tree import rerank
+from ..adaptive import RoundCosts, interpolate
+from ..config import DecodeConfig
+from ..decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
+from ..draft import Drafter, draft_dynamic
+from ..files import atomic_write_json, read_json_or_none
+from ..head import DraftHead
+from ..target import Target, cache_dir, device_name
+from ..questions import load_questions
+from ..timing import time_interleaved
+from ..trace import StepRecord, Trace
+from ..tree import rerank
 
 # Dense at small n: on the 2-core CPU, MKL's fp32 matmul costs about the same for 1-3 rows and steps up
 # at 4 (t(3) = 83 ms, t(4) = 108), a step that interpolation between sparse points would hide.

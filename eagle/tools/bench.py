@@ -27,16 +27,16 @@ import torch
 from tqdm import tqdm
 
 from .budget import tuned_config
-from .checks import check_argv, check_output, check_runtime_args
-from .loading import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
-from .config import MODES, DecodeConfig
-from .decode import Decoder, encode_prompt, generate
-from .files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
-from .head import head_sha256
-from .questions import Question, load_questions, select_questions
-from .lossless import first_divergence, is_precision_flip, logit_gap_at
-from .target import DTYPES, Target, dtype_name
-from .trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
+from ..checks import check_argv, check_output, check_runtime_args
+from ..loading import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
+from ..config import MODES, DecodeConfig
+from ..decode import Decoder, encode_prompt, generate
+from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
+from ..head import head_sha256
+from ..questions import Question, load_questions, select_questions
+from ..lossless import first_divergence, is_precision_flip, logit_gap_at
+from ..target import DTYPES, Target, dtype_name
+from ..trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 
 HF_MODES = ("hf", "hf_pld")
 KINDS = (*MODES, *HF_MODES)

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .files import atomic_write
-from .head import COUNTS_FILE, shipped_head_path, top_token_ids
-from .target import DEFAULT_MODEL
+from ..files import atomic_write
+from ..head import COUNTS_FILE, shipped_head_path, top_token_ids
+from ..target import DEFAULT_MODEL
 
 
 def head_dir(head: str, model: str) -> Path:

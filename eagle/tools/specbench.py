@@ -20,8 +20,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from .files import atomic_write
-from .trace import Trace, read_trace
+from ..files import atomic_write
+from ..trace import Trace, read_trace
 
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
 
