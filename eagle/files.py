@@ -96,6 +96,19 @@ def read_json_or_none(path: str | Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def read_json_object(path: Path, label: str = "", fix: str = "") -> dict:
+    """A JSON object the user's run depends on: one sentence naming the file (after `label`, ending
+    with the `fix` hint) when it is not valid JSON or not an object."""
+    name = f"{label} {path}" if label else str(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{name} is not valid JSON ({err}){fix}.") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{name} is not a JSON object{fix}.")
+    return obj
+
+
 def locked_append(path: str | Path, data: bytes) -> None:
     """Append `data` with one write under an exclusive lock (waiting for another writer to finish),
     fsynced, starting on a fresh line: a line torn by a killed writer then stays one bad line that

@@ -3,8 +3,6 @@ and the target's own lm_head. Loads and saves the official checkpoint layout."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import pickle
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .files import atomic_write, atomic_write_json
+from .files import atomic_write, atomic_write_json, read_json_object
 from .kvcache import KVCache, prefix_mask
 from .resources import resource_path
 
@@ -117,12 +115,7 @@ def read_head_config(path: Path) -> LlamaConfig:
     """config.json of a head directory as a one-layer LlamaConfig; one sentence naming the file
     when it is not valid JSON or its sizes cannot make attention heads."""
     file = path / "config.json"
-    try:
-        fields = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"Head config {file} is not valid JSON ({err}).") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"Head config {file} is not a JSON object.")
+    fields = read_json_object(file, "Head config")
     _check_head_sizes(fields, file)
     try:
         return LlamaConfig(**{**fields, "num_hidden_layers": 1})
@@ -283,21 +276,14 @@ def locate_head(head: str | Path | None) -> str | Path | None:
     directory. Offline and not cached: one sentence at once, before any model loads."""
     if head in (None, "auto", "random") or Path(head).expanduser().exists():
         return head
-    from huggingface_hub import snapshot_download, try_to_load_from_cache
-    from .target import ModelLoadError, _hub_host, _hub_reachable, _looks_like_path
+    from huggingface_hub import snapshot_download
+    from .target import _looks_like_path, hub_offline
     if _looks_like_path(str(head)):
         raise FileNotFoundError(f"No draft head at {head}: give a head directory, a Hugging Face id (ORG/NAME), "
                                 "auto or random.")
-    try:
-        cached = isinstance(try_to_load_from_cache(str(head), "config.json"), str)
-    except ValueError:  # huggingface_hub's HFValidationError: not an id at all
-        raise ModelLoadError(f"--head {head!r} is neither a directory nor a Hugging Face id (ORG/NAME).") from None
-    told = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    offline = told or not _hub_reachable()
-    if offline and not cached:
-        why = "HF_HUB_OFFLINE is set" if told else f"{_hub_host()} cannot be reached"
-        raise ModelLoadError(f"--head {head}: not in the local Hugging Face cache and {why}; download it once "
-                             "online, or give a head directory.")
+    offline = hub_offline(str(head), f"--head {head!r} is neither a directory nor a Hugging Face id (ORG/NAME).",
+                          f"--head {head}: not in the local Hugging Face cache and {{why}}; download it once "
+                          "online, or give a head directory.")
     return Path(snapshot_download(str(head), allow_patterns=HEAD_FILES, local_files_only=offline))
 
 

@@ -131,6 +131,23 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
 
+def hub_offline(repo_id: str, not_an_id: str, not_cached: str) -> bool:
+    """Whether the hub must be treated as offline for `repo_id` (HF_HUB_OFFLINE set, or the hub not
+    reachable in one try); ModelLoadError `not_an_id`, or `not_cached` (its {why} filled in) when an
+    offline lookup could not succeed, so a user waits for no retries."""
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # huggingface_hub's HFValidationError: not an id at all
+        raise ModelLoadError(not_an_id) from None
+    told = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    offline = told or not _hub_reachable()
+    if offline and not cached:
+        why = "HF_HUB_OFFLINE is set" if told else f"{_hub_host()} cannot be reached"
+        raise ModelLoadError(not_cached.format(why=why))
+    return offline
+
+
 def _hub_host() -> str:
     return urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
 
@@ -159,22 +176,13 @@ def locate_model(name_or_path: str) -> tuple[str, bool]:
     (transformers would call a missing one an invalid repo id); a hub id that is not cached fails at
     once when the hub is off (HF_HUB_OFFLINE) or cannot be reached, instead of after a minute of
     retries."""
-    from huggingface_hub import try_to_load_from_cache
     path = Path(name_or_path).expanduser()
     if path.exists() or _looks_like_path(name_or_path):
         _check_local_model(path, name_or_path)
         return str(path), True
-    try:
-        cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
-    except ValueError:  # huggingface_hub's HFValidationError: not an id at all
-        raise ModelLoadError(f"{name_or_path!r} is neither a model directory nor a Hugging Face id "
-                             "(ORG/NAME).") from None
-    told = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    offline = told or not _hub_reachable()
-    if offline and not cached:
-        why = "HF_HUB_OFFLINE is set" if told else f"{_hub_host()} cannot be reached"
-        raise ModelLoadError(f"Model {name_or_path!r} is not in the local Hugging Face cache and {why}: "
-                             "download it once online, or give a local model directory.")
+    offline = hub_offline(name_or_path, f"{name_or_path!r} is neither a model directory nor a Hugging Face id "
+                          "(ORG/NAME).", f"Model {name_or_path!r} is not in the local Hugging Face cache and {{why}}: "
+                          "download it once online, or give a local model directory.")
     return name_or_path, offline
 
 

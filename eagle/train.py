@@ -34,7 +34,7 @@ from .checks import check_argv, check_output, check_runtime_args
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .distill_store import target_sha256
-from .files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_guarded
+from .files import atomic_write, atomic_write_json, exclusive_lock, locked_append, read_json_object, run_guarded
 from .head import COUNTS_FILE, DraftHead, load_head, new_head, read_tensors, save_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, dtype_name, load_target
 
@@ -114,13 +114,7 @@ def read_manifest(features_dir: Path) -> dict | None:
     path = features_dir / MANIFEST
     if not path.exists():
         return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}): prepare into a new --features.") from None
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{path} is not a features manifest: prepare into a new --features.")
-    return manifest
+    return read_json_object(path, fix=": prepare into a new --features")
 
 
 def _check_manifest(out_dir: Path, manifest: dict) -> None:
