@@ -17,4 +17,8 @@ fi
 # Convert the embedded default model once (GGUF -> safetensors cache), so the first page load is fast.
 .venv/bin/python -c "from eagle.target import resolve_model_path; print('model cache:', resolve_model_path('smollm2-135m-instruct'))"
 # Choose the CPU tree budget once (about a minute; cached per machine), so the dashboard opens at once.
-[ "${EAGLE_SKIP_BUDGET:-0}" = 1 ] || .venv/bin/python -m eagle budget | head -1
+# (Its first line only; not through `| head`: budget exits 141 into a closed pipe, and pipefail is on.)
+if [ "${EAGLE_SKIP_BUDGET:-0}" != 1 ]; then
+  budget_report=$(.venv/bin/python -m eagle budget)
+  echo "${budget_report%%$'\n'*}"
+fi
