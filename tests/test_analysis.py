@@ -275,8 +275,11 @@ def test_cli_reports_missing_input(tmp_path, capsys) -> None:
 def test_traces_from_a_bench_dir_a_traces_folder_or_a_file(tmp_path) -> None:
     bench = tmp_path / "run"  # the layout `eagle bench --out run` writes
     (bench / "traces").mkdir(parents=True)
-    write_trace(bench / "traces" / "dynamic.jsonl", [trace(one_child_steps(0.7, 4, 3))])
-    write_trace(bench / "traces" / "static.jsonl", [trace(one_child_steps(0.4, 3, 1, "static"), "static", 2)])
+    finished = [one_child_steps(0.7, 4, 3), one_child_steps(0.4, 3, 1, "static")]
+    for steps in finished:  # complete generations, as bench writes them (else the reader reports them partial)
+        steps[-1].finished = "length"
+    write_trace(bench / "traces" / "dynamic.jsonl", [trace(finished[0])])
+    write_trace(bench / "traces" / "static.jsonl", [trace(finished[1], "static", 2)])
     (bench / "summary.json").write_text("{}")
     for path in (bench, bench / "traces"):
         found, messages = load_traces(path)
