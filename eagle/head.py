@@ -76,11 +76,15 @@ class DraftHead(nn.Module):
         p = self.fc.weight
         return KVCache(1, self.config.num_key_value_heads, self.config.head_dim, max_len, p.device, p.dtype)
 
+    def _fuse(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc([embed(x_{t+1}) ; f_t]): (B, T) ids and (B, T, H) features -> (B, T, H)."""
+        return self.fc(torch.cat([self.embed_tokens(token_ids), features.to(self.fc.weight.dtype)], dim=-1))
+
     def forward(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, start: int = 0,
                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """token_ids (B, T): x_{t+1}; features (B, T, H): f_t; returns predicted f_{t+1} (B, T, H)."""
-        x = self.fc(torch.cat([self.embed_tokens(token_ids), features.to(self.fc.weight.dtype)], dim=-1))
+        x = self._fuse(token_ids, features)
         rope = self.rotary_emb(x, positions)
         n_new = token_ids.shape[1]
         if cache is None:  # training: plain causal attention over the sequence
@@ -88,6 +92,14 @@ class DraftHead(nn.Module):
             return self.layers[0](x, rope, mask, None)
         mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, x.device)
         return self.layers[0](x, rope, mask, cache.writer(start, n_new))
+
+    def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                   chain: "ChainKeys") -> torch.Tensor:
+        """One step of an unrolled draft chain (training-time test), all T positions at once:
+        (B, T) ids, (B, T, H) features, (B, T) positions -> (B, T, H); see ChainKeys for the mask."""
+        x = self._fuse(token_ids, features)
+        mask = chain.mask(token_ids.shape[1], x.device)
+        return self.layers[0](x, self.rotary_emb(x, positions), mask, chain)
 
     def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
         """The k most frequent token ids (None when k is 0, >= vocab, or no counts are stored)."""
@@ -101,6 +113,32 @@ def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
     if k <= 0 or k >= counts.numel() or int(counts.sum()) == 0:
         return None
     return torch.topk(counts, k).indices.sort().values
+
+
+class ChainKeys:
+    """Keys and values of the draft chains unrolled from every position of a sequence at once.
+
+    Step 0 runs on the real context (causal). At step j the chain started at position t has drafted
+    j tokens beyond it; its query sees what the drafter's query at depth j sees: the real context's
+    keys up to t, then the keys its own chain wrote at t in steps 1..j-1, then itself. Duck-types the
+    cache `update` the attention calls; it concatenates (never writes in place) so autograd can
+    backpropagate through every step."""
+
+    def __init__(self) -> None:
+        self.k: list[torch.Tensor] = []  # per step (B, H_kv, T, D)
+        self.v: list[torch.Tensor] = []
+
+    def mask(self, n: int, device: torch.device | str) -> torch.Tensor:
+        """(1, 1, T, (steps + 1) * T) for the next step: causal over the context, diagonal per earlier step."""
+        context = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+        own = torch.eye(n, dtype=torch.bool, device=device)
+        return torch.cat([context] + [own] * len(self.k), dim=1)[None, None]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.append(key_states)
+        self.v.append(value_states)
+        return torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)
 
 
 def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:

@@ -35,7 +35,7 @@ from .data import Conversation, read_sharegpt, split_conversations, tokenize_con
 from .distill import DistillConfig, read_distilled, regenerate
 from .distill_store import target_sha256
 from .files import atomic_write, atomic_write_json, exclusive_lock, locked_append, read_json_object, run_guarded
-from .head import COUNTS_FILE, DraftHead, load_head, new_head, read_tensors, save_head
+from .head import COUNTS_FILE, ChainKeys, DraftHead, load_head, new_head, read_tensors, save_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, dtype_name, load_target
 
 SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
@@ -307,6 +307,52 @@ def eagle_loss(pred: torch.Tensor, target: torch.Tensor, lm_weight: torch.Tensor
     return dict(loss=l1 + ce_weight * ce, l1=l1, ce=ce)
 
 
+LOSSES = ("eagle1", "token")  # eagle1: SmoothL1 + ce_weight * soft CE; token: soft CE only (EAGLE-3)
+EVAL_STEPS = 4  # held-out accuracy is reported per draft step 1..EVAL_STEPS under the unrolled draft
+
+
+def step_loss(pred: torch.Tensor, target: torch.Tensor, lm_weight: torch.Tensor, kind: str,
+              ce_weight: float = 0.1) -> dict[str, torch.Tensor]:
+    """The loss of one draft step over (M, H) masked positions; `token` keeps l1 for logging only."""
+    losses = eagle_loss(pred, target, lm_weight, ce_weight)
+    if kind == "token":
+        losses["loss"], losses["l1"] = losses["ce"], losses["l1"].detach()
+    return losses
+
+
+def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[:, t + s] at column t, zero-padded at the end: (B, T, ...) -> (B, T, ...)."""
+    if s == 0:
+        return x
+    pad = x.new_zeros((x.shape[0], min(s, x.shape[1])) + x.shape[2:])
+    return torch.cat([x[:, s:], pad], dim=1)
+
+
+def unroll(head: DraftHead, batch: dict[str, torch.Tensor], steps: int) -> list[dict[str, torch.Tensor]]:
+    """Training-time test: from every position t, draft `steps` tokens as the decoder does. Step j
+    (0-based) feeds the previous step's predicted feature with the real token x_{t+j+1} at position
+    t + j and predicts f_{t+j+1}; per step: pred, target (B, T, H) and valid (B, T)."""
+    chain, feats, out = ChainKeys(), batch["feats_in"], []
+    for j in range(steps):
+        pred = head.chain_step(_shift(batch["tokens"], j), feats, batch["positions"] + j, chain)
+        out.append(dict(pred=pred, target=_shift(batch["feats_out"], j), valid=_shift(batch["valid"], j)))
+        feats = pred
+    return out
+
+
+def ttt_loss(steps: list[dict[str, torch.Tensor]], lm_weight: torch.Tensor, kind: str, decay: float,
+             ce_weight: float = 0.1) -> dict[str, torch.Tensor]:
+    """sum_j decay^j * loss_j over the unrolled steps (EAGLE-3's 0.8^j); l1/ce are step 1's."""
+    total, first = None, {}
+    for j, st in enumerate(steps):
+        if not bool(st["valid"].any()):
+            continue  # late steps of short sequences may have nothing left to predict
+        losses = step_loss(st["pred"][st["valid"]], st["target"][st["valid"]], lm_weight, kind, ce_weight)
+        total = decay ** j * losses["loss"] if total is None else total + decay ** j * losses["loss"]
+        first = first or losses
+    return {**first, "loss": total}
+
+
 def lr_factor(step: int, steps: int, warmup: int) -> float:
     """Linear warm-up to 1 over `warmup` steps, then linear decay to 0 at `steps`."""
     if step < warmup:
@@ -335,28 +381,38 @@ def _top1_matches(pred: torch.Tensor, target: torch.Tensor, lm_full: torch.Tenso
 
 @torch.no_grad()
 def evaluate(head: DraftHead, seqs: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor,
-             batch: int = 4, full_ce: bool = False, amp: torch.dtype | None = None) -> dict[str, float]:
-    """Mean held-out losses (CE over lm_weight's vocabulary, plus the full-vocab CE when asked) and
-    top-1 agreement of draft and target over the pairs the training loss counts."""
-    device = lm_full.device
-    sums = dict(loss=0.0, l1=0.0, ce=0.0, ce_full=0.0, top1=0.0)
-    total = 0
+             batch: int = 4, full_ce: bool = False, amp: torch.dtype | None = None,
+             loss: str = "eagle1") -> dict[str, float]:
+    """Mean held-out step-1 losses (CE over lm_weight's vocabulary, plus the full-vocab CE when asked),
+    top-1 agreement of draft and target over the pairs the training loss counts, and acc_step1..4:
+    top-1 agreement at each depth of the unrolled draft (acc_step1 == top1)."""
+    sums = dict(loss=0.0, l1=0.0, ce=0.0, ce_full=0.0)
+    hits, counts = [0] * EVAL_STEPS, [0] * EVAL_STEPS
     for i in range(0, len(seqs), batch):
-        b = make_batch(seqs[i:i + batch], 0.0, None, device)
-        with _autocast(device, amp):
-            pred = head(b["tokens"], b["feats_in"], b["positions"])
-        p, t = pred[b["valid"]].float(), b["feats_out"][b["valid"]]
-        if p.shape[0] == 0:
-            continue
-        n = p.shape[0]
-        for k, v in eagle_loss(p, t, lm_weight).items():
-            sums[k] += float(v) * n
-        if full_ce:
-            sums["ce_full"] += float(eagle_loss(p, t, lm_full)["ce"]) * n
-        sums["top1"] += _top1_matches(p, t, lm_full)
-        total += n
-    out = {k: v / max(total, 1) for k, v in sums.items() if k != "ce_full" or full_ce}
-    return {**out, "positions": total}
+        b = make_batch(seqs[i:i + batch], 0.0, None, lm_full.device)
+        with _autocast(lm_full.device, amp):
+            steps = unroll(head, b, EVAL_STEPS)
+        for j, st in enumerate(steps):
+            p, t = st["pred"][st["valid"]].float(), st["target"][st["valid"]]
+            if p.shape[0] == 0:
+                continue
+            hits[j] += _top1_matches(p, t, lm_full)
+            counts[j] += p.shape[0]
+            if j == 0:
+                _add_step1(sums, p, t, lm_weight, lm_full, full_ce, loss)
+    total = counts[0]
+    keys = ["loss", "l1", "ce"] + (["ce_full"] if full_ce else [])
+    accs = {f"acc_step{j + 1}": hits[j] / max(counts[j], 1) for j in range(EVAL_STEPS)}
+    return {**{k: sums[k] / max(total, 1) for k in keys}, "top1": accs["acc_step1"], **accs, "positions": total}
+
+
+def _add_step1(sums: dict[str, float], p: torch.Tensor, t: torch.Tensor, lm_weight: torch.Tensor,
+               lm_full: torch.Tensor, full_ce: bool, loss: str) -> None:
+    n = p.shape[0]
+    for k, v in step_loss(p, t, lm_weight, loss).items():
+        sums[k] += float(v) * n
+    if full_ce:
+        sums["ce_full"] += float(eagle_loss(p, t, lm_full)["ce"]) * n
 
 
 def _autocast(device: torch.device, amp: torch.dtype | None):
@@ -423,6 +479,9 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float = 0.0  # safety stop: end early (still saving the head) after this long; 0 = off
     init: str = ""  # warm start: a head directory to start from when no checkpoint exists ("" = random)
+    ttt_steps: int = 1  # training-time test: draft steps unrolled per position (1 = the EAGLE-1 recipe)
+    ttt_decay: float = 0.8  # weight of step j's loss is ttt_decay ** j (EAGLE-3)
+    loss: str = "eagle1"  # one of LOSSES
 
 
 def _log_json(path: Path, record: dict) -> None:
@@ -436,8 +495,8 @@ def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, to
     if not bool(valid.any()):
         return None
     with _autocast(lm_weight.device, amp):
-        pred = head(batch["tokens"], batch["feats_in"], batch["positions"])
-    losses = eagle_loss(pred[valid], batch["feats_out"][valid], lm_weight, cfg.ce_weight)
+        steps = unroll(head, batch, cfg.ttt_steps)
+    losses = ttt_loss(steps, lm_weight, cfg.loss, cfg.ttt_decay, cfg.ce_weight)
     opt.zero_grad(set_to_none=True)
     losses["loss"].backward()
     torch.nn.utils.clip_grad_value_([p for p in head.parameters() if p.requires_grad], cfg.clip)
@@ -468,7 +527,8 @@ def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence],
 
 RUN_FILE = "run.json"
 # What a checkpoint's weights depend on; `steps` and the logging/eval cadence may change on resume.
-RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init")
+RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init",
+                 "ttt_steps", "ttt_decay", "loss")
 
 
 def _check_run(out_dir: Path, fingerprint: dict) -> None:
@@ -535,7 +595,8 @@ def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainC
     done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress, amp)
     wall = time.perf_counter() - began
     save_checkpoint(ckpt, head, opt, done, gen)
-    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True, amp=amp) if heldout else {}
+    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True, amp=amp,
+                     loss=cfg.loss) if heldout else {}
     summary = dict(dtype=dtype_name(target.dtype), start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
                    steps_per_s=(done - start) / wall if wall > 0 and done > start else None,
                    train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
@@ -577,7 +638,8 @@ def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generato
             bar.set_postfix(loss=f"{last['loss']:.3f}", ce=f"{last['ce']:.2f}")
             window = []
         if heldout and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch, amp=amp)
+            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch, amp=amp,
+                               loss=cfg.loss)
             _log_json(out_dir / "train_log.jsonl", {"step": done, "eval": metrics})
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             save_checkpoint(out_dir / "checkpoint.pt", head, opt, done, gen)
@@ -650,6 +712,19 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default=d.init, help="warm start from this head directory")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help="end early (saving the head) after this many minutes; 0 = no limit")
+    p.add_argument("--ttt-steps", type=_positive_int, default=d.ttt_steps,
+                   help="training-time test: draft steps unrolled per position (%(default)s = no unrolling)")
+    p.add_argument("--ttt-decay", type=float, default=d.ttt_decay,
+                   help="loss weight of unrolled step j is DECAY**j (%(default)s)")
+    p.add_argument("--loss", choices=LOSSES, default=d.loss,
+                   help="eagle1: SmoothL1 + 0.1 soft CE; token: soft CE only, the EAGLE-3 recipe (%(default)s)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _run_train(args: argparse.Namespace, target: Target) -> None:
@@ -657,7 +732,8 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                warmup=args.warmup, noise=args.noise, vocab_k=args.vocab_k,
                checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
-               max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite)
+               max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite, ttt_steps=args.ttt_steps,
+               ttt_decay=args.ttt_decay, loss=args.loss)
 
 
 def build_parser() -> argparse.ArgumentParser:

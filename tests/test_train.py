@@ -78,8 +78,14 @@ def test_prepare_and_train_end_to_end(target, tmp_path: Path) -> None:
     assert math.isfinite(second["last_train"]["loss"])
     assert all(math.isfinite(v) for v in second["heldout"].values())
     assert 0 <= second["heldout"]["top1"] <= 1
+    accs = [second["heldout"][f"acc_step{j}"] for j in range(1, 5)]  # per draft step, unrolled
+    assert accs[0] == second["heldout"]["top1"] and all(0 <= a <= 1 for a in accs)
     steps_logged = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert max(steps_logged) == 3
+    # Training-time test with the token loss (EAGLE-3 recipe) runs on the same data.
+    ttt = train_head(target, feats_dir, tmp_path / "ttt", steps=2, ttt_steps=3, loss="token", **kw)
+    assert ttt["config"]["ttt_steps"] == 3 and math.isfinite(ttt["last_train"]["loss"])
+    assert ttt["last_train"]["loss"] > ttt["last_train"]["ce"]  # later steps add their weighted losses
     stopped = train_head(target, feats_dir, out, steps=10, max_minutes=1e-9, **kw)  # time budget: one step
     assert (stopped["start_step"], stopped["steps"], stopped["planned_steps"]) == (3, 4, 10)
 
@@ -91,3 +97,12 @@ def test_prepare_and_train_end_to_end(target, tmp_path: Path) -> None:
         pred = head(ids[:, 1:], shard["features"][first][None, :-1].float(),
                     torch.arange(ids.shape[1] - 1)[None], head.new_cache(64), 0)
     assert pred.shape == (1, ids.shape[1] - 1, 576) and torch.isfinite(pred).all()
+
+
+def test_ttt_flags_reject_bad_values(capsys) -> None:
+    from eagle.train import build_parser
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(["train", "--ttt-steps", "0"])
+    assert err.value.code == 2 and "--ttt-steps" in capsys.readouterr().err
+    args = build_parser().parse_args(["train", "--ttt-steps", "4", "--loss", "token"])
+    assert (args.ttt_steps, args.ttt_decay, args.loss) == (4, 0.8, "token")
