@@ -13,6 +13,7 @@ import streamlit as st
 
 from eagle.config import DecodeConfig
 from eagle.head import DraftHead, resolve_head
+from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
 
@@ -116,7 +117,6 @@ def get_models(dtype: str | None = None) -> Models:
 def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
     """The auto-budget report for the loaded pair (eagle.tools.budget caches it on disk per machine and
     dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
-    from eagle.tools.budget import auto_config
     with _models.lock:
         return auto_config(_models.target, _models.head, DecodeConfig(), refresh=refresh_count > 0)[1]
 

@@ -12,10 +12,15 @@ from pathlib import Path
 
 from .checks import check_argv, check_output, check_runtime_args
 from .config import MODES, DecodeConfig
-from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
+from .decode import Decoder, encode_prompt, generate
 from .files import run_guarded
+from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
 from .target import DEFAULT_MODEL, dtype_name
+from .tools.bench import main as bench_main
+from .tools.budget import auto_config, tuned_config
+from .tools.tokenmap import export_token_map
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
+from .training.commands import main as training_main
 
 DELEGATED = ("bench", "prepare", "train", "distill")
 
@@ -44,7 +49,6 @@ def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .decode import Decoder, encode_prompt, generate
     cfg = check_generate_args(args)
     prompt = read_prompt(args.prompt)
     target, head, source = load_pair(args, cfg.mode != "vanilla")
@@ -52,7 +56,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     costs = None
     budget = budget_mode(args, target.device.type)
     if cfg.mode == "dynamic" and budget != "fixed":
-        from .tools.budget import tuned_config
         # the generation's mean context: the prompt plus half the reply it may write
         cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         print(_budget_line(budget, report), file=sys.stderr)
@@ -103,7 +106,6 @@ def _budget_line(budget: str, report: dict) -> str:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
-    from .tools.budget import auto_config
     check_runtime_args(args)
     target, head, _ = load_pair(args, need_head=True)
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
@@ -128,7 +130,6 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 
 def cmd_export_token_map(args: argparse.Namespace) -> int:
-    from .tools.tokenmap import export_token_map
     ids = export_token_map(args.out, args.head, args.k, args.model, args.force)
     print(f"wrote {ids.numel()} token ids to {args.out} (SGLang: --speculative-token-map {args.out})")
     return 0
@@ -179,7 +180,5 @@ def _run(argv: list[str]) -> int:
 
 def _delegate(command: str, argv: list[str]) -> int:
     if command == "bench":
-        from .tools.bench import main as bench_main
         return bench_main(argv)
-    from .train import main as train_main
-    return train_main([command, *argv])
+    return training_main([command, *argv])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -187,3 +188,16 @@ def _silence_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):  # stdout already closed or not a real file: nothing left to flush
         pass
+
+
+def run_logger(name: str, log_path: Path) -> logging.Logger:
+    """A logger writing to log_path (appending, so a resumed run keeps its history) and stderr."""
+    log = logging.getLogger(f"eagle.{name}.{log_path}")
+    if not log.handlers:
+        log.setLevel(logging.INFO)
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+        for handler in (logging.FileHandler(log_path), logging.StreamHandler()):
+            handler.setFormatter(fmt)
+            log.addHandler(handler)
+        log.propagate = False
+    return log

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -17,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 from .files import atomic_write, atomic_write_json, read_json_object
 from .kvcache import KVCache, prefix_mask
 from .resources import resource_path
+from .target import hub_offline, looks_like_path
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
 HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target name
@@ -314,9 +316,7 @@ def locate_head(head: str | Path | None) -> str | Path | None:
     directory. Offline and not cached: one sentence at once, before any model loads."""
     if head in (None, "auto", "random") or Path(head).expanduser().exists():
         return head
-    from huggingface_hub import snapshot_download
-    from .target import _looks_like_path, hub_offline
-    if _looks_like_path(str(head)):
+    if looks_like_path(str(head)):
         raise FileNotFoundError(f"No draft head at {head}: give a head directory, a Hugging Face id (ORG/NAME), "
                                 "auto or random.")
     offline = hub_offline(str(head), f"--head {head!r} is neither a directory nor a Hugging Face id (ORG/NAME).",

@@ -19,6 +19,7 @@ from .config import MODES, DecodeConfig
 from .decode import Decoder, Generation, encode_prompt, generate
 from .frames import nodes_frame, steps_frame
 from .target import Target, dtype_name
+from .tools.budget import tuned_config
 from .trace import Trace, TraceHeader
 
 PairKey = tuple[str, str, str | None, str]  # (model, head, device, dtype) as given
@@ -93,7 +94,6 @@ class Explorer:
         costs = None
         budget = budget_mode(args, target.device.type)
         if cfg.mode == "dynamic" and budget != "fixed":
-            from .tools.budget import tuned_config
             cfg, costs, _ = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         result = generate(Decoder(target, head, cfg, costs), ids)
         header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),

@@ -126,7 +126,7 @@ def resolve_model_path(name_or_path: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """A Hugging Face id is NAME or ORG/NAME; anything else the user typed is meant as a directory."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
@@ -177,7 +177,7 @@ def locate_model(name_or_path: str) -> tuple[str, bool]:
     once when the hub is off (HF_HUB_OFFLINE) or cannot be reached, instead of after a minute of
     retries."""
     path = Path(name_or_path).expanduser()
-    if path.exists() or _looks_like_path(name_or_path):
+    if path.exists() or looks_like_path(name_or_path):
         _check_local_model(path, name_or_path)
         return str(path), True
     offline = hub_offline(name_or_path, f"{name_or_path!r} is neither a model directory nor a Hugging Face id "

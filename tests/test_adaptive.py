@@ -2,7 +2,6 @@
 interpolation, and greedy equality on the real model when every round picks its own size."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for eagle.data: truncated-JSON reading, role mapping, split, loss masks."""
+"""Tests for eagle.training.data: truncated-JSON reading, role mapping, split, loss masks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eagle import data
-from eagle.data import (
+from eagle.training.data import (
     ReadReport,
     read_sharegpt,
     split_conversations,

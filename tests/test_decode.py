@@ -13,7 +13,7 @@ from eagle.decode import Decoder, PromptError, encode_prompt, generate
 from eagle.head import HeadMismatchError, load_head, new_head, save_head
 from eagle.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.verify import process_logits
-from tests.tiny import tiny_pair, tiny_target
+from tests.tiny import tiny_pair
 
 SMALL = dict(total_tokens=8, depth=3, top_k=3)
 

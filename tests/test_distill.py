@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle.data import _render_ids, read_sharegpt
-from eagle.distill import DistillConfig, first_exchange, generate_batch, read_distilled, regenerate
-from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
+from eagle.training.data import _render_ids, read_sharegpt
+from eagle.training.distill import DistillConfig, first_exchange, generate_batch, read_distilled, regenerate
+from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
 from eagle.files import BusyError, exclusive_lock
 from eagle.head import load_head
-from eagle.train import _trainable_state, prepare_features, train_head
+from eagle.training.features import prepare_features
+from eagle.training.train import _trainable_state, train_head
 
 CFG = DistillConfig(max_new_tokens=8, max_prompt_tokens=96, batch_size=3)
 

@@ -23,10 +23,10 @@ from analysis.export import load_traces
 from eagle import cli, train
 from eagle.tools import bench
 from eagle.config import DecodeConfig
-from eagle.data import read_sharegpt
+from eagle.training.data import read_sharegpt
 from eagle.decode import Decoder, PromptError, generate
-from eagle.distill import DistillConfig, regenerate
-from eagle.distill_store import OPEN_FILE, DistillStore, ReadStats
+from eagle.training.distill import DistillConfig, regenerate
+from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
 from eagle.files import BusyError, exclusive_lock, run_guarded
 from eagle.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
 from eagle.target import DEFAULT_MODEL, cache_dir, load_target
@@ -427,10 +427,11 @@ KILLED_JOB = """
 import json, os, signal, sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from eagle.distill import DistillConfig, regenerate
-from eagle.data import read_sharegpt
+from eagle.training.distill import DistillConfig, regenerate
+from eagle.training.data import read_sharegpt
 from eagle.target import load_target
-from eagle.train import prepare_features, train_head
+from eagle.training.features import prepare_features
+from eagle.training.train import train_head
 job, model, kill_at, kw = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 torch.set_num_threads(1)
 target = load_target(model, dtype="float32")

@@ -1,4 +1,4 @@
-"""Tests for eagle.train: pair construction, schedule, and a tiny resumable end-to-end run on the real
+"""Tests for eagle.training (features, objective, train): pair construction, schedule, and a tiny resumable end-to-end run on the real
 default model (a few conversations, 64 tokens, 3 steps)."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 
 from eagle.head import load_head
 from eagle.target import load_target
-from eagle.train import Sequence, extract_features, lr_factor, make_batch, prepare_features, train_head
+from eagle.training.features import Sequence, extract_features, prepare_features
+from eagle.training.objective import lr_factor, make_batch
+from eagle.training.train import train_head
 
 
 def test_make_batch_pairs_and_mask() -> None:
@@ -100,7 +102,7 @@ def test_prepare_and_train_end_to_end(target, tmp_path: Path) -> None:
 
 
 def test_ttt_flags_reject_bad_values(capsys) -> None:
-    from eagle.train import build_parser
+    from eagle.training.commands import build_parser
     with pytest.raises(SystemExit) as err:
         build_parser().parse_args(["train", "--ttt-steps", "0"])
     assert err.value.code == 2 and "--ttt-steps" in capsys.readouterr().err

@@ -1,10 +1,11 @@
-"""Training-time test (eagle.train.unroll) against the decoder's own drafting, on the tiny model."""
+"""Training-time test (eagle.training.objective.unroll) against the decoder's own drafting, on the tiny model."""
 from __future__ import annotations
 
 import torch
 
 from eagle.draft import Drafter
-from eagle.train import Sequence, make_batch, ttt_loss, unroll
+from eagle.training.features import Sequence
+from eagle.training.objective import make_batch, ttt_loss, unroll
 from tests.tiny import tiny_pair
 
 

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from .budget import tuned_config
+from .specbench import export_spec_bench, format_speedups, speedups
 from ..checks import check_argv, check_output, check_runtime_args
 from ..loading import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
 from ..config import MODES, DecodeConfig
@@ -676,7 +677,6 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
         write_outputs(plan, results, summary, summary["configs"])
     print_report(summary)
     if args.export == "spec-bench":
-        from .specbench import export_spec_bench, format_speedups, speedups
         files = export_spec_bench(plan.out)
         print(f"\nSpec-Bench answer files in {plan.out / 'spec-bench'} (per-question mean vs the bench's totals):")
         print(format_speedups(speedups(files), summary["modes"]))

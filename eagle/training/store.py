@@ -25,12 +25,12 @@ from typing import Iterator
 
 import torch
 
-from .files import atomic_write, atomic_write_json
+from ..files import atomic_write, atomic_write_json
 
 FORMAT = "eagle2-explorer self-distill v1"
 MANIFEST = "manifest.json"
 OPEN_FILE = "open.jsonl"
-HELDOUT_RULE = ("eagle.data.is_heldout: a conversation is held out when the first 8 bytes of "
+HELDOUT_RULE = ("eagle.training.data.is_heldout: a conversation is held out when the first 8 bytes of "
                 "sha256(f'{seed}\\0{first user message}') / 2**64 < heldout_fraction; prepare applies it")
 # Fields a chunk's text depends on: a store refuses a run that would change any of them. The dtype is
 # not one: fp32 and bf16 give the target's own greedy reply up to near-ties, and the faster one differs

@@ -5,7 +5,7 @@ not have written, while at decode time it drafts the target's own continuations.
 reply with the target (greedy by default, the setting the headline numbers use) removes that
 mismatch. Only the first user turn is kept: the reply to it is what MT-bench first turns measure.
 
-The output is a store of ShareGPT-format JSONL records (eagle.distill_store), filled window by window,
+The output is a store of ShareGPT-format JSONL records (eagle.training.store), filled window by window,
 so an interrupted run resumes where it stopped on this machine or on a fresh clone; `read_distilled`
 reads it back.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .data import Conversation, _render_ids
-from .distill_store import DistillStore, target_sha256
-from .files import exclusive_lock
-from .target import Target
+from .data import SHAREGPT_DIST, SHAREGPT_FILE, Conversation, _render_ids
+from .store import DistillStore, target_sha256
+from ..files import exclusive_lock
+from ..target import Target
 
 WINDOW = 256  # conversations per sealed chunk: at most one window is lost when a run is killed
 
@@ -86,7 +86,6 @@ def _record(index: int, prompt: Conversation, reply: str, truncated: bool, n_tok
 
 def distill_settings(target: Target, cfg: DistillConfig) -> dict:
     """What the regenerated text depends on (checked on every resume), plus where it came from."""
-    from .data import SHAREGPT_DIST, SHAREGPT_FILE
     return {"model": target.name, "target_sha256": target_sha256(target.model),
             "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
             "temperature": cfg.temperature, "seed": cfg.seed,
@@ -113,7 +112,7 @@ def regenerate(target: Target, convs: list[Conversation], store_dir: str | Path,
                cfg: DistillConfig = DistillConfig(), log: logging.Logger | None = None,
                progress: bool = True, window: int = WINDOW) -> DistillStats:
     """Regenerate the first reply of conversations [store.next_index, len(convs)) into the store at
-    store_dir, window by window (see eagle.distill_store). Resumes where any earlier run stopped."""
+    store_dir, window by window (see eagle.training.store). Resumes where any earlier run stopped."""
     store = DistillStore.open(store_dir, distill_settings(target, cfg))
     stats = DistillStats(conversations=len(convs), already_done=store.next_index)
     if store.next_index >= len(convs):

@@ -1,0 +1,166 @@
+"""`python -m eagle prepare|train|distill`: argparse for the training side, run inside
+eagle.files.run_guarded (a bad input is one sentence and exit code 2). eagle.cli hands these commands here."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ..checks import check_argv, check_output, check_runtime_args
+from ..files import run_guarded
+from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
+from .data import read_sharegpt
+from .distill import DistillConfig, regenerate
+from .features import check_features, prepare_features
+from .objective import LOSSES
+from .train import TrainConfig, train_head
+
+
+
+def _add_distill_args(p: argparse.ArgumentParser) -> None:
+    d = DistillConfig()
+    p.add_argument("--distill-dir", default=d.store or None,
+                   help="self-distillation store (default: FEATURES/distill; the committed data is "
+                        "data/distill/smollm2-135m-instruct)")
+    p.add_argument("--distill-max-new-tokens", type=int, default=d.max_new_tokens, help="reply length (%(default)s)")
+    p.add_argument("--distill-max-prompt-tokens", type=int, default=d.max_prompt_tokens,
+                   help="skip longer prompts (%(default)s)")
+    p.add_argument("--distill-batch", type=int, default=d.batch_size, help="prompts per batch (%(default)s)")
+    p.add_argument("--distill-temperature", type=float, default=d.temperature, help="0 = greedy (%(default)s)")
+
+
+def _add_prepare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conversations", type=int, default=800, help="ShareGPT conversations to read (%(default)s)")
+    p.add_argument("--max-len", type=int, default=512, help="truncate samples to this many tokens (%(default)s)")
+    p.add_argument("--heldout-fraction", type=float, default=0.05, help="(%(default)s)")
+    p.add_argument("--shard-size", type=int, default=64, help="(%(default)s)")
+    p.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: the packaged file)")
+    p.add_argument("--self-distill", action="store_true",
+                   help="regenerate each first reply with the target before extracting features")
+    _add_distill_args(p)
+
+
+def _distill_config(args: argparse.Namespace) -> DistillConfig:
+    return DistillConfig(args.distill_max_new_tokens, args.distill_max_prompt_tokens, args.distill_batch,
+                         args.distill_temperature, args.seed, args.distill_dir or "")
+
+
+def _run_prepare(args: argparse.Namespace, target: Target) -> None:
+    prepare_features(target, args.features, args.conversations, args.max_len, args.heldout_fraction,
+                     args.shard_size, args.seed, args.sharegpt, _distill_config(args) if args.self_distill else None)
+
+
+def _run_distill(args: argparse.Namespace, target: Target) -> None:
+    """Fill a self-distillation store (no features): the long background job whose output is committed."""
+    convs, report = read_sharegpt(args.sharegpt, limit=args.conversations)
+    print(f"self-distill: {len(convs)} conversations read ({report.records_read} records); "
+          f"{target.name} in {str(target.dtype).removeprefix('torch.')}", file=sys.stderr)
+    stats = regenerate(target, convs, args.distill_dir, _distill_config(args))
+    print(json.dumps(asdict(stats)))
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--out", default="runs/train", help="checkpoints, logs and the trained head")
+    p.add_argument("--final-dir", default=None, help="also save the final head here (e.g. eagle/resources/heads/NAME)")
+    p.add_argument("--overwrite", action="store_true", help="replace a head already in --final-dir")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--noise", type=float, default=d.noise)
+    p.add_argument("--vocab-k", type=int, default=d.vocab_k, help="soft-CE vocabulary (0 = full)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--init", default=d.init, help="warm start from this head directory")
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes,
+                   help="end early (saving the head) after this many minutes; 0 = no limit")
+    p.add_argument("--ttt-steps", type=_positive_int, default=d.ttt_steps,
+                   help="training-time test: draft steps unrolled per position (%(default)s = no unrolling)")
+    p.add_argument("--ttt-decay", type=float, default=d.ttt_decay,
+                   help="loss weight of unrolled step j is DECAY**j (%(default)s)")
+    p.add_argument("--loss", choices=LOSSES, default=d.loss,
+                   help="eagle1: SmoothL1 + 0.1 soft CE; token: soft CE only, the EAGLE-3 recipe (%(default)s)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _run_train(args: argparse.Namespace, target: Target) -> None:
+    train_head(target, args.features, args.out, args.steps, args.lr, args.batch, args.final_dir,
+               warmup=args.warmup, noise=args.noise, vocab_k=args.vocab_k,
+               checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+               eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
+               max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite, ttt_steps=args.ttt_steps,
+               ttt_decay=args.ttt_decay, loss=args.loss)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {"prepare": "extract target features (optionally self-distilling the replies first)",
+                "train": "train the head on extracted features",
+                "distill": "regenerate ShareGPT first replies with the target into a resumable store"}
+    for name, help_text in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--model", default=DEFAULT_MODEL, help="target model (%(default)s)")
+        p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+        p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                       help="target precision; auto: bf16 on CUDA, on a CPU the faster of fp32 and bf16 as "
+                            "measured on this machine (%(default)s)")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+        p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
+        if name == "distill":
+            p.add_argument("--conversations", type=int, default=None,
+                           help="ShareGPT conversations to cover (default: all)")
+            p.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: the packaged file)")
+            _add_distill_args(p)
+            p.set_defaults(distill_dir=f"data/distill/{DEFAULT_MODEL}")
+            continue
+        p.add_argument("--features", default="runs/features", help="feature shard directory (%(default)s)")
+        (_add_prepare_args if name == "prepare" else _add_train_args)(p)
+    return parser
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Inputs that must exist and outputs that must be directories, checked before the model loads."""
+    if getattr(args, "sharegpt", None) and not Path(args.sharegpt).is_file():
+        raise FileNotFoundError(f"--sharegpt {args.sharegpt}: no such file")
+    if args.command == "train":
+        check_features(Path(args.features))
+        outputs = {"--out": args.out, "--final-dir": args.final_dir}
+        if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:
+            raise ValueError(f"--final-dir {args.final_dir} already holds a head: pass --overwrite to replace it.")
+    else:
+        outputs = {"--features": getattr(args, "features", None), "--distill-dir": args.distill_dir}
+    for flag, path in outputs.items():
+        if path:
+            check_output(Path(path), flag, directory=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return run_guarded(lambda: _main(argv), "interrupted: finished shards, chunks and checkpoints are kept; "
+                                            "rerun the same command to resume")
+
+
+def _main(argv: list[str]) -> int:
+    check_argv(argv)
+    args = build_parser().parse_args(argv)
+    check_runtime_args(args)
+    _check_paths(args)
+    # Features are stored in fp16 whatever the dtype; training keeps fp32 master weights and uses
+    # autocast when the target runs in bf16/fp16.
+    target = load_target(args.model, device=args.device, dtype=args.dtype)
+    if target.dtype_report:
+        print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
+    {"prepare": _run_prepare, "train": _run_train, "distill": _run_distill}[args.command](args, target)
+    return 0

@@ -1,0 +1,236 @@
+"""The training run: fit a DraftHead on extracted features (eagle.training.features) with the objective
+of eagle.training.objective. Resumable from its checkpoint; before the first step it records run.json
+(the features and the recipe) and refuses a resume that differs, naming the field. Saves the final head
+with the token counts the reduced draft vocabulary is chosen from."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pickle
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger
+from ..head import COUNTS_FILE, DraftHead, load_head, new_head, read_tensors, save_head
+from ..target import Target, dtype_name
+from .features import Sequence, check_features, load_shards
+from .objective import autocast_for, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss, unroll
+
+
+
+def _init_head(target: Target, seed: int) -> DraftHead:
+    """A new fp32 head (fp32 master weights also under bf16 autocast). Its frozen embedding is the
+    target's own when the target is fp32, else an fp32 copy (casting must not touch the target)."""
+    head = new_head(target, seed)
+    if target.dtype != torch.float32:
+        head.embed_tokens = torch.nn.Embedding.from_pretrained(target.model.model.embed_tokens.weight.float())
+    return head.float().train()
+
+
+def _trainable_state(head: DraftHead) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
+
+
+def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, step: int,
+                    gen: torch.Generator) -> None:
+    state = dict(head=_trainable_state(head), optim=opt.state_dict(), step=step,
+                 gen=gen.get_state(), rng=torch.get_rng_state())
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
+    """Restore head, optimizer and RNG state; returns the step to continue from."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        head.load_state_dict(state["head"], strict=False)
+        opt.load_state_dict(state["optim"])
+        gen.set_state(state["gen"])
+        torch.set_rng_state(state["rng"])
+    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as err:
+        raise ValueError(f"{path} cannot be resumed from ({' '.join(str(err).split())[:200]}): delete it to "
+                         "train from the start, or use another --out.") from None
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"])
+
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 5e-4
+    batch: int = 4
+    warmup: int = 50
+    noise: float = 0.2  # uniform input noise, amplitude noise * 512 / sample length (official recipe)
+    vocab_k: int = 8192  # soft CE over the top-K training tokens (0 = full vocabulary)
+    ce_weight: float = 0.1
+    clip: float = 0.5  # gradient clipping by value, as in the official recipe
+    checkpoint_every: int = 100
+    eval_every: int = 200
+    eval_samples: int = 16  # periodic evaluations use the first N held-out samples; the final one uses all
+    log_every: int = 10
+    seed: int = 0
+    max_minutes: float = 0.0  # safety stop: end early (still saving the head) after this long; 0 = off
+    init: str = ""  # warm start: a head directory to start from when no checkpoint exists ("" = random)
+    ttt_steps: int = 1  # training-time test: draft steps unrolled per position (1 = the EAGLE-1 recipe)
+    ttt_decay: float = 0.8  # weight of step j's loss is ttt_decay ** j (EAGLE-3)
+    loss: str = "eagle1"  # one of LOSSES
+
+
+def _log_json(path: Path, record: dict) -> None:
+    locked_append(path, (json.dumps(record) + "\n").encode("utf-8"))  # a line torn by a kill stays apart
+
+
+def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                lm_weight: torch.Tensor, cfg: TrainConfig, amp: torch.dtype | None) -> dict[str, float] | None:
+    """One optimizer step; None when the batch has no counted position (nothing to learn from)."""
+    valid = batch["valid"]
+    if not bool(valid.any()):
+        return None
+    with autocast_for(lm_weight.device, amp):
+        steps = unroll(head, batch, cfg.ttt_steps)
+    losses = ttt_loss(steps, lm_weight, cfg.loss, cfg.ttt_decay, cfg.ce_weight)
+    opt.zero_grad(set_to_none=True)
+    losses["loss"].backward()
+    torch.nn.utils.clip_grad_value_([p for p in head.parameters() if p.requires_grad], cfg.clip)
+    opt.step()
+    return {k: float(v.detach()) for k, v in losses.items()}
+
+
+def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
+    train, heldout = load_shards(features_dir, "train"), load_shards(features_dir, "heldout")
+    counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+    log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
+             sum(len(s.input_ids) for s in train), len(heldout))
+    return train, heldout, counts
+
+
+RUN_FILE = "run.json"
+# What a checkpoint's weights depend on; `steps` and the logging/eval cadence may change on resume.
+RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init",
+                 "ttt_steps", "ttt_decay", "loss")
+
+
+def _check_run(out_dir: Path, fingerprint: dict) -> None:
+    """Record the run's fingerprint before its first step; on resume refuse any difference, naming it."""
+    path = out_dir / RUN_FILE
+    if not path.exists():
+        if (out_dir / "checkpoint.pt").exists():
+            raise ValueError(f"{out_dir / 'checkpoint.pt'} has no {RUN_FILE} recording what it was trained with "
+                             "(made by an older version): use another --out.")
+        atomic_write_json(path, fingerprint)
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): use another --out.") from None
+    for k, v in fingerprint.items():
+        if not isinstance(old, dict) or old.get(k) != v:
+            was = old.get(k) if isinstance(old, dict) else None
+            raise ValueError(f"{out_dir} holds a run trained with {k}={was!r} (this run: {v!r}): resume with the "
+                             "same value or use another --out.")
+
+
+def _run_fingerprint(target: Target, features_dir: Path, manifest: dict | None, cfg: TrainConfig) -> dict:
+    return {"model": target.name, "dtype": dtype_name(target.dtype), "features": str(features_dir.resolve()),
+            "features_sha256": (manifest or {}).get("samples_sha256"),
+            **{k: getattr(cfg, k) for k in RESUME_FIELDS}}
+
+
+def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, steps: int = 1000,
+               lr: float = 5e-4, batch: int = 4, final_dir: str | Path | None = None,
+               progress: bool = True, overwrite: bool = False, **overrides) -> dict:
+    """Train (or resume) a head on extracted features; saves the final head to out_dir/head (and
+    final_dir when given; an existing head there only with `overwrite`) with the token counts.
+    Returns a summary (also written to summary.json)."""
+    cfg = TrainConfig(steps=steps, lr=lr, batch=batch, **overrides)
+    features_dir, out_dir = Path(features_dir), Path(out_dir)
+    if final_dir and (Path(final_dir) / "config.json").exists() and not overwrite:
+        raise ValueError(f"{final_dir} already holds a head: pass --overwrite to replace it, or another --final-dir.")
+    manifest = check_features(features_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir / ".lock", f"train --out {out_dir}"):
+        _check_run(out_dir, _run_fingerprint(target, features_dir, manifest, cfg))
+        return _train_locked(target, features_dir, out_dir, cfg, final_dir, progress)
+
+
+def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
+                  final_dir: str | Path | None, progress: bool) -> dict:
+    log = run_logger("train", out_dir / "train.log")
+    train, heldout, counts = _load_data(features_dir, log)
+    head = _init_head(target, cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ckpt = out_dir / "checkpoint.pt"
+    start = load_checkpoint(ckpt, head, opt, gen) if ckpt.exists() else 0
+    if start == 0 and cfg.init:
+        head.load_state_dict(_trainable_state(load_head(cfg.init, target)), strict=False)
+        log.info("warm start from %s", cfg.init)
+    log.info("training %d -> %d steps, config %s", start, cfg.steps, asdict(cfg))
+    lm_weight = reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
+    lm_full = target.model.lm_head.weight.detach().float()
+    began = time.perf_counter()
+    amp = None if target.dtype == torch.float32 else target.dtype  # train at the precision the target runs in
+    done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress, amp)
+    wall = time.perf_counter() - began
+    save_checkpoint(ckpt, head, opt, done, gen)
+    final = evaluate(head, heldout, lm_weight, lm_full, cfg.batch, full_ce=True, amp=amp,
+                     loss=cfg.loss) if heldout else {}
+    summary = dict(dtype=dtype_name(target.dtype), start_step=start, steps=done, planned_steps=cfg.steps, wall_s=wall,
+                   steps_per_s=(done - start) / wall if wall > 0 and done > start else None,
+                   train_samples=len(train), train_tokens=sum(len(s.input_ids) for s in train),
+                   heldout_samples=len(heldout), last_train=last, heldout=final, config=asdict(cfg))
+    _log_json(out_dir / "train_log.jsonl", {"step": done, "final_eval": final})
+    log.info("final held-out: %s", final)
+    head.token_counts.copy_(counts.to(head.token_counts.device))
+    for dest in [out_dir / "head"] + ([Path(final_dir)] if final_dir else []):
+        save_head(head, dest)
+        log.info("saved head to %s", dest)
+    atomic_write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
+                heldout: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor, cfg: TrainConfig,
+                start: int, out_dir: Path, progress: bool, amp: torch.dtype | None) -> tuple[int, dict[str, float]]:
+    """Steps start..cfg.steps with logging, periodic held-out evaluation and checkpoints;
+    returns the step reached and the mean train losses of the last logging window."""
+    window: list[dict[str, float]] = []
+    last: dict[str, float] = {}
+    done = start
+    deadline = time.perf_counter() + cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
+    bar = tqdm(range(start, cfg.steps), desc="train", unit="step", initial=start, total=cfg.steps,
+               disable=not progress)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup)
+        picks = torch.randint(len(train), (cfg.batch,), generator=gen).tolist()
+        batch = make_batch([train[i] for i in picks], cfg.noise, gen, lm_full.device)
+        losses = _train_step(head, opt, batch, lm_weight, cfg, amp)
+        if losses is not None:
+            window.append(losses)
+        done = step + 1
+        out_of_time = time.perf_counter() > deadline
+        if window and (done % cfg.log_every == 0 or done == cfg.steps or out_of_time):
+            last = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "lr": opt.param_groups[0]["lr"], **last})
+            bar.set_postfix(loss=f"{last['loss']:.3f}", ce=f"{last['ce']:.2f}")
+            window = []
+        if heldout and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            metrics = evaluate(head, heldout[:cfg.eval_samples], lm_weight, lm_full, cfg.batch, amp=amp,
+                               loss=cfg.loss)
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "eval": metrics})
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+            save_checkpoint(out_dir / "checkpoint.pt", head, opt, done, gen)
+        if out_of_time:
+            _log_json(out_dir / "train_log.jsonl", {"step": done, "stopped": "time budget reached"})
+            break
+    return done, last
