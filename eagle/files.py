@@ -71,14 +71,15 @@ def atomic_write_json(path: str | Path, obj, indent: int | None = 2) -> None:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
+def exclusive_lock(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
     """Hold an advisory lock on `path` (created if missing) for the block; a second holder gets
-    BusyError at once instead of waiting or mixing its output with ours."""
+    BusyError at once instead of waiting or mixing its output with ours (or, with `wait`, blocks
+    until the first is done: for a shared cache that the first holder fills)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as fh:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BusyError(f"{what} is in use by another run (lock {path}); wait for it or use another "
                             "output.") from None

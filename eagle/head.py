@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 from .files import atomic_write, atomic_write_json, read_json_object
 from .kvcache import KVCache, prefix_mask
 from .resources import resource_path
-from .target import hub_offline, looks_like_path
+from .target import hub_offline, looks_like_path, with_legacy_keys
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
 HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target name
@@ -274,16 +274,6 @@ def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
         atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
-
-
-def with_legacy_keys(config: dict, dtype: torch.dtype) -> dict:
-    """Add the keys transformers 4.x and the official EAGLE loaders read beside transformers 5's
-    rope_parameters: without rope_theta they silently fall back to base 10000."""
-    rope = dict(config.get("rope_parameters") or {})
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    return {**config, "rope_theta": rope.get("rope_theta", 10000.0),
-            "rope_scaling": None if scaling.get("rope_type", "default") == "default" else scaling,
-            "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def new_head(target, seed: int = 0) -> DraftHead:

@@ -16,9 +16,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 
-from .files import CommandError, atomic_write_json, read_json_or_none
+from .files import CommandError, atomic_write_json, exclusive_lock, read_json_or_none
 from .kvcache import KVCache, prefix_mask
 from .timing import time_interleaved
 
@@ -88,6 +88,38 @@ def default_gguf_path() -> Path:
     raise ModelLoadError(f"{_GGUF_DIST} is installed but holds no {_GGUF_SUFFIX}: reinstall it.")
 
 
+def with_legacy_keys(config: dict, dtype: torch.dtype) -> dict:
+    """Add the keys transformers 4.x and the official EAGLE loaders read beside transformers 5's
+    rope_parameters: without rope_theta they silently fall back to base 10000."""
+    rope = dict(config.get("rope_parameters") or {})
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {**config, "rope_theta": rope.get("rope_theta", 10000.0),
+            "rope_scaling": None if scaling.get("rope_type", "default") == "default" else scaling,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+# Bump when the converted layout changes: an older cache is converted again on first use.
+CONVERT_FORMAT = 2
+CONVERT_FILE = "convert.json"
+# What transformers 4.x and the official EAGLE code read; transformers 5 writes "TokenizersBackend".
+TOKENIZER_CLASS = "GPT2Tokenizer"
+
+
+def _save_converted(model: torch.nn.Module, tokenizer, tmp: Path) -> None:
+    """The layout readers outside transformers 5 expect: an explicit model.embed_tokens.weight beside the
+    tied lm_head.weight (safetensors' save_model keeps only one of two shared tensors), rope_theta
+    beside rope_parameters, the architecture and a tokenizer class transformers 4.x knows."""
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = with_legacy_keys(model.config.to_dict(), torch.float32)
+    config["architectures"] = [type(model).__name__]
+    atomic_write_json(tmp / "config.json", config)
+    tokenizer.save_pretrained(tmp)
+    tok_config = read_json_or_none(tmp / "tokenizer_config.json") or {}
+    atomic_write_json(tmp / "tokenizer_config.json", {**tok_config, "tokenizer_class": TOKENIZER_CLASS})
+    atomic_write_json(tmp / CONVERT_FILE, {"format": CONVERT_FORMAT, "source": _GGUF_DIST})
+
+
 def _convert_default(dest: Path) -> None:
     """Dequantize the shipped GGUF once and save safetensors + tokenizer atomically under dest."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -105,12 +137,20 @@ def _convert_default(dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".convert-"))
     try:
-        save_model(model, str(tmp / "model.safetensors"))  # handles the tied lm_head
-        model.config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_converted(model, tokenizer, tmp)
+        old = dest.with_name(dest.name + ".old")
+        if dest.exists():  # an older format: move it aside, then swap the new one in
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(dest, old)
         os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _converted(dest: Path) -> bool:
+    marker = read_json_or_none(dest / CONVERT_FILE) or {}
+    return (dest / "config.json").exists() and marker.get("format", 0) >= CONVERT_FORMAT
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -118,8 +158,10 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path != DEFAULT_MODEL:
         return name_or_path
     dest = cache_dir() / DEFAULT_MODEL
-    if not (dest / "config.json").exists():
-        _convert_default(dest)
+    if not _converted(dest):
+        with exclusive_lock(dest.parent / f".{dest.name}.convert.lock", f"converting {DEFAULT_MODEL}", wait=True):
+            if not _converted(dest):  # another process may have finished it meanwhile
+                _convert_default(dest)
     return str(dest)
 
 

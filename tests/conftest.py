@@ -1,4 +1,5 @@
 """Shared fixtures: the real default model is loaded once per test session."""
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test` runs two workers on two cores: one thread each (and in the CLIs they start),
+        # or OpenMP threads spin-wait on each other.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import torch
-from transformers import LlamaConfig
+from safetensors import safe_open
+from transformers import AutoTokenizer, LlamaConfig
 
 from eagle.head import load_head, save_head, shipped_head_path
+from eagle.target import CONVERT_FILE, CONVERT_FORMAT, TOKENIZER_CLASS, resolve_model_path
 
 # The keys of an official EAGLE-1/2 head config.json (e.g. yuhuili/EAGLE-LLaMA3-Instruct-8B).
 OFFICIAL_KEYS = ("architectures", "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "initializer_range",
@@ -49,3 +51,19 @@ def test_head_hub_id_offline_is_one_sentence():
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--head yuhuili/EAGLE-no-such-head-18" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
+
+
+def test_converted_target_reads_as_transformers_4_and_official_eagle_expect(target):
+    """The embedded GGUF's converted copy: an explicit embedding tensor beside the tied lm_head, rope_theta
+    beside rope_parameters, the architecture, and a tokenizer class transformers 4.x knows."""
+    path = resolve_model_path("smollm2-135m-instruct")
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        embed, lm_head = f.get_tensor("model.embed_tokens.weight"), f.get_tensor("lm_head.weight")
+    assert torch.equal(embed, lm_head) and torch.equal(embed, target.model.model.embed_tokens.weight.float())
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads(open(os.path.join(path, CONVERT_FILE)).read())["format"] == CONVERT_FORMAT
+    assert json.loads(open(os.path.join(path, "tokenizer_config.json")).read())["tokenizer_class"] == TOKENIZER_CLASS
+    text = "Explain why the sky is blue, in two sentences."
+    assert AutoTokenizer.from_pretrained(path)(text)["input_ids"] == target.tokenizer(text)["input_ids"]
