@@ -1,8 +1,10 @@
 """The Live explorer's pieces: the remembered prompt box, the throttled stream, the finished view.
 
-Streaming must cost a few percent of decoding: text and metrics are redrawn every round (cheap),
-the tree chart at most every REDRAW_S seconds and always on the last round, each into the same
-placeholder, so the browser updates one chart instead of mounting one per round."""
+Streaming must cost a few percent of decoding. The page runs in the decoder's process and the browser
+on the same cores, so every element update costs the decoder time (the server thread's serialisation
+competes for the GIL and the cores, the browser's layout for the cores): text and metrics are redrawn at
+most every TEXT_S seconds, the tree chart at most every REDRAW_S seconds, both always on the last round,
+each into the same placeholder, so the browser updates one element instead of mounting one per round."""
 from __future__ import annotations
 
 import math
@@ -30,6 +32,7 @@ PROMPT_KEY = "live_prompt"
 LONG_OK = "live_long_prompt_ok"  # the long prompt the user chose to run anyway
 DEBOUNCE_MS = 700  # long enough not to restart the decoder on every keystroke
 REDRAW_S = 0.4  # at most 2.5 tree redraws a second while streaming: what a person can follow
+TEXT_S = 0.15  # text and metrics about 7 times a second: continuous to the eye, a fraction of the rounds
 LONG_PROMPT_TOKENS = 1024  # above this the prefill alone takes seconds on a CPU: ask first
 HINT = "Explain speculative decoding in one sentence."
 clock = time.perf_counter  # the throttle's clock (a test swaps in a fake one)
@@ -117,8 +120,7 @@ class Throttle:
     def __init__(self, interval: float) -> None:
         self.interval, self.last = interval, -math.inf
 
-    def due(self) -> bool:
-        now = clock()
+    def due(self, now: float) -> bool:
         if now - self.last < self.interval:
             return False
         self.last = now
@@ -135,14 +137,15 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
     st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1
     st.session_state.pop(STOP, None)
     slots.controls.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)
-    redraw = Throttle(REDRAW_S)
+    text, redraw = Throttle(TEXT_S), Throttle(REDRAW_S)
 
     def on_step(tr: Trace) -> bool:
-        slots.tokens.html(render.token_html(tr.steps))
-        with slots.metrics.container():
-            render.show_metrics(tr)
-        step = tr.steps[-1]
-        if step.step > 0 and (redraw.due() or step.finished):
+        now, step = clock(), tr.steps[-1]  # one clock read a round serves both throttles
+        if text.due(now) or step.finished:
+            slots.tokens.html(render.token_html(tr.steps))
+            with slots.metrics.container():
+                render.show_metrics(tr)
+        if step.step > 0 and (redraw.due(now) or step.finished):
             slots.chart.plotly_chart(render.fit_tree(tree_figure(step)), theme=None, width="stretch")
         return bool(st.session_state.get(STOP))
 

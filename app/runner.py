@@ -14,6 +14,7 @@ from eagle.config import DecodeConfig
 from eagle.decode import Decoder, Generation, encode_prompt
 from eagle.trace import StepRecord, Trace, TraceHeader
 
+from . import worker
 from .state import Models
 
 WAIT_MESSAGE = ("Waiting for the model: another generation is running (another tab's, or this tab's "
@@ -43,7 +44,8 @@ def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
     steps = decoder.steps(ids)
     t0 = time.perf_counter()
     try:
-        for record in steps:
+        # Each round runs on the app's torch thread (app.worker says why); drawing stays on this one.
+        while (record := worker.call(next, steps, None)) is not None:
             if is_complete(trace):  # marked stopped by this session's next script run
                 break
             trace.steps.append(record)
@@ -52,7 +54,7 @@ def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
                 _stamp(trace, t0, "stopped")
                 break
     finally:
-        steps.close()
+        worker.call(steps.close)
         models.lock.release()
     return trace
 

@@ -17,6 +17,7 @@ from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
 
+from . import worker
 from .persist import save, seed
 
 TRACES_KEY = "traces"  # list[Trace]: every finished or stopped generation of this session
@@ -66,10 +67,11 @@ _LOAD_LOCK = threading.Lock()  # two sessions asking for a new pair at once load
 
 @st.cache_resource(show_spinner=False)
 def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
-    with _LOAD_LOCK:
+    def load() -> Models:
         target = load_target(model, dtype=dtype)
-        draft, source = resolve_head(target, head)
-    return Models(target, draft, source)
+        return Models(target, *resolve_head(target, head))
+    with _LOAD_LOCK:
+        return worker.call(load)  # on the app's torch thread, as all torch work (app.worker)
 
 
 _READY: set[Spec] = set()  # pairs loaded in this process: skip the progress box for them
@@ -118,7 +120,8 @@ def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
     """The auto-budget report for the loaded pair (eagle.tools.budget caches it on disk per machine and
     dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
     with _models.lock:
-        return auto_config(_models.target, _models.head, DecodeConfig(), refresh=refresh_count > 0)[1]
+        return worker.call(auto_config, _models.target, _models.head, DecodeConfig(),
+                           refresh=refresh_count > 0)[1]
 
 
 def auto_budget(models: Models, refresh: bool = False) -> dict:
