@@ -3,7 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -n 2 --dist worksteal "$@"
 rc=$?
 if [ "$rc" = 5 ]; then echo "pytest collected no tests"; exit 0; fi
 exit "$rc"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from eagle import data
+from eagle.training import data
 from eagle.training.data import (
     ReadReport,
     read_sharegpt,

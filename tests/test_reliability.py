@@ -20,7 +20,9 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from analysis.__main__ import main as analysis_main
 from analysis.export import load_traces
-from eagle import cli, train
+from eagle import cli
+from eagle.training import commands, train
+from eagle.training import features as shards
 from eagle.tools import bench
 from eagle.config import DecodeConfig
 from eagle.training.data import read_sharegpt
@@ -470,7 +472,7 @@ def _shards(path: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def tiny_features(tiny_target, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("features")
-    train.prepare_features(tiny_target, path, **PREPARE)
+    shards.prepare_features(tiny_target, path, **PREPARE)
     return path
 
 
@@ -480,10 +482,10 @@ def test_prepare_killed_mid_run_resumes_to_the_same_shards(tiny_dir, tiny_target
     assert 0 < len(_shards(out)) < len(_shards(tiny_features))
     # the settings were recorded before the first shard: another --max-len is refused, not mixed in
     with pytest.raises(ValueError, match=r"max_len=48 \(this run: 64\)"):
-        train.prepare_features(tiny_target, out, **{**PREPARE, "max_len": 64})
+        shards.prepare_features(tiny_target, out, **{**PREPARE, "max_len": 64})
     with pytest.raises(ValueError, match="is incomplete"):  # train refuses a half-prepared directory
-        train.check_features(out)
-    stats = train.prepare_features(tiny_target, out, **PREPARE)
+        shards.check_features(out)
+    stats = shards.prepare_features(tiny_target, out, **PREPARE)
     assert stats.shards_skipped == 4 and _shards(out) == _shards(tiny_features)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest == {**json.loads((tiny_features / "manifest.json").read_text()), "stats": manifest["stats"]}
@@ -492,15 +494,15 @@ def test_prepare_killed_mid_run_resumes_to_the_same_shards(tiny_dir, tiny_target
 def test_a_second_prepare_on_one_features_dir_is_busy(tiny_target, tmp_path):
     with exclusive_lock(tmp_path / ".lock", "test"):
         with pytest.raises(BusyError, match="is in use by another run"):
-            train.prepare_features(tiny_target, tmp_path, **PREPARE)
+            shards.prepare_features(tiny_target, tmp_path, **PREPARE)
 
 
 def test_prepare_extracts_a_damaged_shard_again(tiny_target, tiny_features, tmp_path):
     out = tmp_path / "features"
-    train.prepare_features(tiny_target, out, **PREPARE)
+    shards.prepare_features(tiny_target, out, **PREPARE)
     shard = sorted(out.glob("train-*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:100])  # damaged after it was written (a bad copy, a bad disk)
-    stats = train.prepare_features(tiny_target, out, **PREPARE)
+    stats = shards.prepare_features(tiny_target, out, **PREPARE)
     assert stats.shards_written == 1 and _shards(out) == _shards(tiny_features)
 
 
@@ -540,7 +542,7 @@ def test_damaged_features_are_one_sentence(tiny_dir, tiny_features, tmp_path, ca
             (features / p.name).write_bytes(p.read_bytes())
     corrupt, message = FEATURE_DAMAGE[damage]
     corrupt(features)
-    assert train.main([*_train_args(features, tmp_path / "run"), "--model", str(tiny_dir)]) == 2
+    assert commands.main([*_train_args(features, tmp_path / "run"), "--model", str(tiny_dir)]) == 2
     assert message in _one_sentence(capsys.readouterr().err)
 
 
@@ -586,26 +588,26 @@ def test_train_keeps_a_head_in_final_dir_unless_told(tiny_dir, tiny_features, tm
     (tmp_path / "final" / "config.json").write_text("{}")
     args = [*_train_args(tiny_features, tmp_path / "run", "--final-dir", str(tmp_path / "final")),
             "--model", str(tiny_dir)]
-    assert train.main(args) == 2
+    assert commands.main(args) == 2
     assert "already holds a head: pass --overwrite" in _one_sentence(capsys.readouterr().err)
     assert (tmp_path / "final" / "config.json").read_text() == "{}"
-    assert train.main([*args, "--overwrite"]) == 0
+    assert commands.main([*args, "--overwrite"]) == 0
     assert (tmp_path / "final" / "model.safetensors").exists()
 
 
 def test_sharegpt_with_invalid_utf8_is_one_sentence(tiny_dir, tmp_path, capsys):
     bad = tmp_path / "sg.json"
     bad.write_bytes(b'[{"id": "x", "conversations": [{"from": "human", "value": "caf\xe9"}]}]')
-    assert train.main(["prepare", "--sharegpt", str(bad), "--features", str(tmp_path / "f"), "--model",
+    assert commands.main(["prepare", "--sharegpt", str(bad), "--features", str(tmp_path / "f"), "--model",
                        str(tiny_dir), "--dtype", "float32"]) == 2
     assert f"{bad} is not valid UTF-8" in _one_sentence(capsys.readouterr().err)
 
 
 def test_a_damaged_checkpoint_is_one_sentence(tiny_dir, tiny_features, tmp_path, capsys):
     args = [*_train_args(tiny_features, tmp_path / "run"), "--model", str(tiny_dir)]
-    assert train.main(args) == 0
+    assert commands.main(args) == 0
     _cut(tmp_path / "run" / "checkpoint.pt", 300)
-    assert train.main([*args, "--steps", "3"]) == 2
+    assert commands.main([*args, "--steps", "3"]) == 2
     assert "checkpoint.pt cannot be resumed from" in _one_sentence(capsys.readouterr().err)
 
 
@@ -621,7 +623,7 @@ def test_prepare_train_distill_bad_input_before_any_model_loads(tmp_path, capsys
     (tmp_path / "file").write_text("x")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     # --model names no model at all: the check must fail first, or the load would
-    assert train.main([*args, "--model", str(tmp_path / "no-model")]) == 2
+    assert commands.main([*args, "--model", str(tmp_path / "no-model")]) == 2
     assert message.replace("{tmp}", str(tmp_path)) in _one_sentence(capsys.readouterr().err)
 
 
