@@ -71,6 +71,7 @@ class Decoder:
     def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig,
                  costs: RoundCosts | None = None) -> None:
         self.target, self.head, self.cfg, self.costs = target, head, config.validate(), costs
+        self.feature_layers = None if head is None else head.feature_layers  # what the head drafts from
         if config.mode != "vanilla" and head is None:
             raise ValueError(f"mode {config.mode!r} needs a draft head")
         if costs is not None and config.mode != "dynamic":
@@ -118,7 +119,7 @@ class Decoder:
         ids = torch.tensor([prompt_ids], device=self.target.device)
         n = ids.shape[1]
         logits, features = self.target.forward(ids, torch.arange(n, device=ids.device)[None], self.t_cache, 0,
-                                               logits_rows=slice(-1, None))
+                                               logits_rows=slice(-1, None), feature_layers=self.feature_layers)
         self.t_cache.length = n
         token = self._choose(logits[0])
         if self.drafter is not None:  # pairs (f_t, x_{t+1}) for the whole prompt
@@ -173,7 +174,8 @@ class Decoder:
         start = self.t_cache.length
         positions = (start + tree.depths)[None]
         mask = tree.mask if tree.num_nodes > 1 else None
-        logits, features = self.target.forward(tree.tokens[None], positions, self.t_cache, start, mask)
+        logits, features = self.target.forward(tree.tokens[None], positions, self.t_cache, start, mask,
+                                               feature_layers=self.feature_layers)
         return logits[0], features[0]  # (N, V), (N, H)
 
     def _accept(self, tree: Tree, logits: torch.Tensor, cand: Candidates | None,

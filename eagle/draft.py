@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .head import DraftHead
+from .head import DraftHead, top_token_ids
+from .head3 import Eagle3Head
 from .kvcache import KVCache
 from .tree import ancestor_mask, select_frontier, topk_children
 from .verify import sample_children_without_replacement
@@ -33,16 +34,26 @@ class Candidates:
 class Drafter:
     """The draft head, its KV cache and the lm_head rows it scores against."""
 
-    def __init__(self, head: DraftHead, lm_head_weight: torch.Tensor, max_len: int, draft_vocab: int = 0):
+    def __init__(self, head: DraftHead | Eagle3Head, lm_head_weight: torch.Tensor, max_len: int,
+                 draft_vocab: int = 0):
         self.head = head
         self.cache: KVCache = head.new_cache(max_len)
-        self.vocab_ids = head.draft_vocab_ids(draft_vocab)  # (K,) or None = the full vocabulary
-        self.weight = lm_head_weight if self.vocab_ids is None else lm_head_weight[self.vocab_ids]  # (K, H)
+        # vocab_ids (K,): the target id of each draft token, None = the full vocabulary in order;
+        # weight (K, H): the lm_head rows that score them (the target's for EAGLE-1/2, the head's own for EAGLE-3)
+        self.vocab_ids, self.weight = head.draft_vocab(lm_head_weight)
         self.vocab_size = lm_head_weight.shape[0]
+        # FR-Spec: keep the draft_vocab most frequent of those tokens (no-op without token counts)
+        counts = head.token_counts if self.vocab_ids is None else head.token_counts[self.vocab_ids]
+        rows = top_token_ids(counts, draft_vocab)
+        if rows is not None:
+            rows = rows.to(self.weight.device)
+            self.vocab_ids = rows if self.vocab_ids is None else self.vocab_ids[rows]
+            self.weight = self.weight[rows]
 
     @torch.inference_mode()
     def consume(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Append pairs (f_t, x_{t+1}), tokens (T,) and features (T, H), to the draft's prefix.
+        """Append pairs (f_t, x_{t+1}), tokens (T,) and the target's features (T, H), or (T, 3H) for
+        an EAGLE-3 head, to the draft's prefix.
         Returns the last output (1, H): the predicted feature at the root."""
         start, n = self.cache.length, tokens.numel()
         positions = torch.arange(start, start + n, device=tokens.device)[None]
@@ -62,7 +73,7 @@ class Drafter:
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(F, H) -> (F, K) draft log-probabilities over the draft vocabulary."""
-        return torch.log_softmax((hidden @ self.weight.T).float(), dim=-1)
+        return torch.log_softmax((self.head.logit_features(hidden) @ self.weight.T).float(), dim=-1)
 
     def full_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.vocab_ids is None else self.vocab_ids[ids]
@@ -157,6 +168,10 @@ def draft_static(drafter: Drafter, root_hidden: torch.Tensor, plan: StaticPlan,
     """EAGLE-1 static tree: the node of rank r under a parent takes the parent's r-th best draft token
     (the r-th draw without replacement when sampling with `generator`, which also records q at every
     node). Returns the N-1 non-root nodes in tree order."""
+    widest = max(lv.width for lv in plan.levels)
+    if widest > drafter.weight.shape[0]:
+        raise ValueError(f"the static tree has a node of {widest} children but the draft vocabulary holds "
+                         f"{drafter.weight.shape[0]} tokens")
     dev, n = root_hidden.device, plan.parents.numel()
     hidden = root_hidden.new_zeros(n, root_hidden.shape[-1])
     hidden[0] = root_hidden[0]

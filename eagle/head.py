@@ -16,7 +16,9 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .files import atomic_write, atomic_write_json, read_json_object
-from .kvcache import KVCache, prefix_mask
+from .head3 import ARCHITECTURE as EAGLE3_ARCHITECTURE
+from .head3 import LAYER_IDS_KEY, Eagle3Head, attention_inputs, eagle3_feature_layers
+from .kvcache import KVCache
 from .resources import resource_path
 from .target import hub_offline, looks_like_path, with_legacy_keys
 
@@ -29,7 +31,8 @@ class HeadMismatchError(ValueError):
 
 
 def head_config_from_target(target_config, **overrides) -> LlamaConfig:
-    """A one-layer Llama config with the target's sizes (the shape of a new head for that target)."""
+    """A one-layer Llama config with the target's sizes (the shape of a new head for that target);
+    an override of None drops the field."""
     c = target_config
     fields = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                   num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
@@ -37,7 +40,7 @@ def head_config_from_target(target_config, **overrides) -> LlamaConfig:
                   rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
                   rope_theta=_rope_theta(c), pad_token_id=c.pad_token_id, num_hidden_layers=1, bias=True)
     fields.update(overrides)
-    return LlamaConfig(**fields)
+    return LlamaConfig(**{k: v for k, v in fields.items() if v is not None})  # None: leave it out
 
 
 def _rope_theta(config) -> float:
@@ -61,6 +64,11 @@ class DraftLayer(nn.Module):
 
 
 class DraftHead(nn.Module):
+    """forward returns the predicted next feature (B, T, H), which the target's lm_head scores and
+    later draft steps are fed."""
+    kind = "eagle1"  # the EAGLE-1/2 layout (EAGLE-2 changed the tree, not the head)
+    feature_layers = None  # drafts from the target's post-norm last hidden state (Target.forward's default)
+
     def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding | None = None) -> None:
         super().__init__()
         config._attn_implementation = "sdpa"  # boolean tree masks need SDPA (eager adds masks as floats)
@@ -87,13 +95,8 @@ class DraftHead(nn.Module):
                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """token_ids (B, T): x_{t+1}; features (B, T, H): f_t; returns predicted f_{t+1} (B, T, H)."""
         x = self._fuse(token_ids, features)
-        rope = self.rotary_emb(x, positions)
-        n_new = token_ids.shape[1]
-        if cache is None:  # training: plain causal attention over the sequence
-            mask = prefix_mask(0, n_new, tree_mask, x.device)
-            return self.layers[0](x, rope, mask, None)
-        mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, x.device)
-        return self.layers[0](x, rope, mask, cache.writer(start, n_new))
+        mask, writer = attention_inputs(cache, start, token_ids.shape[1], tree_mask, x.device)
+        return self.layers[0](x, self.rotary_emb(x, positions), mask, writer)
 
     def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                    chain: "ChainKeys") -> torch.Tensor:
@@ -103,10 +106,22 @@ class DraftHead(nn.Module):
         mask = chain.mask(token_ids.shape[1], x.device)
         return self.layers[0](x, self.rotary_emb(x, positions), mask, chain)
 
+    def logit_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # already a post-norm feature: the target's lm_head scores it directly
+
+    def draft_vocab(self, lm_head_weight: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The target ids of the draft vocabulary (None: all, in order) and the lm_head rows scoring
+        it: the target's own (V, H)."""
+        return None, lm_head_weight
+
     def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
         """The k most frequent token ids (None when k is 0, >= vocab, or no counts are stored)."""
         ids = top_token_ids(self.token_counts, k)
         return None if ids is None else ids.to(self.fc.weight.device)
+
+
+AnyHead = DraftHead | Eagle3Head  # the two head layouts the drafter and the trainer take
+HEAD_KINDS = (DraftHead.kind, Eagle3Head.kind)  # eagle1: EAGLE-1/2 layout; eagle3: EAGLE-3 layout
 
 
 def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
@@ -144,8 +159,12 @@ class ChainKeys:
 
 
 def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
-    for field in ("vocab_size", "hidden_size"):
-        head_v, tgt_v = getattr(config, field), getattr(target_config, field)
+    """The head's vocabulary and the width of the target features it reads (an EAGLE-3 config's
+    target_hidden_size when given) must be the target's."""
+    fields = {"vocab_size": config.vocab_size,
+              "hidden_size": getattr(config, "target_hidden_size", None) or config.hidden_size}
+    for field, head_v in fields.items():
+        tgt_v = getattr(target_config, field)
         if head_v != tgt_v:
             raise HeadMismatchError(f"Draft head {source} has {field} {head_v} but the target has {tgt_v}: "
                                     "it was trained for another model.")
@@ -178,9 +197,10 @@ def _check_head_sizes(fields: dict, file: Path) -> None:
                          f"num_key_value_heads {kv}.")
 
 
-def load_head(path: str | Path, target=None) -> DraftHead:
-    """Load an official EAGLE head directory (config.json + model.safetensors or pytorch_model.bin).
-    Without `embed_tokens` in the file, the target's embedding is shared (target is then required)."""
+def load_head(path: str | Path, target=None) -> AnyHead:
+    """Load an official EAGLE head directory (config.json + model.safetensors or pytorch_model.bin),
+    EAGLE-1/2 or EAGLE-3 (told apart by config architectures or midlayer.* weights). Without
+    `embed_tokens` in the file, the target's embedding is shared (target is then required)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"No draft head at {path}: expected a directory with config.json and weights.")
@@ -192,20 +212,51 @@ def load_head(path: str | Path, target=None) -> DraftHead:
     if "embed_tokens.weight" not in state:
         if target is None:
             raise ValueError(f"Head {path} has no embed_tokens: pass its target to share the embedding.")
+        if config.hidden_size != target.config.hidden_size:
+            raise HeadMismatchError(f"Head {path} has hidden_size {config.hidden_size} but no embed_tokens, and the "
+                                    f"target's embedding is {target.config.hidden_size} wide.")
         embed = target.model.model.embed_tokens
-    head = DraftHead(config, embed)
+    if is_eagle3(config, state):
+        head = Eagle3Head(config, _eagle3_layers(config, target, path), embed)
+    else:
+        head = DraftHead(config, embed)
     _load_state(head, state, path)
-    if (path / COUNTS_FILE).is_file():
-        counts = read_tensors(path / COUNTS_FILE).get("token_counts")
-        if counts is None or counts.shape != head.token_counts.shape:
-            raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of {config.vocab_size}.")
-        head.token_counts.copy_(counts)
+    _load_counts(head, path)
     device = target.device if target is not None else "cpu"
     dtype = target.dtype if target is not None else torch.float32
     return head.to(device=device, dtype=dtype).eval()
 
 
-def _load_state(head: DraftHead, state: dict[str, torch.Tensor], path: Path) -> None:
+def is_eagle3(config: LlamaConfig, state: dict[str, torch.Tensor]) -> bool:
+    return EAGLE3_ARCHITECTURE in (config.architectures or []) or any(k.startswith("midlayer.") for k in state)
+
+
+def _eagle3_layers(config: LlamaConfig, target, path: Path) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head drafts from: as its config records them (SpecForge's
+    eagle_config), else the paper's 2, L//2, L-3 of the target."""
+    ids = (getattr(config, "eagle_config", None) or {}).get(LAYER_IDS_KEY)
+    n = None if target is None else target.config.num_hidden_layers
+    if ids is None:
+        if n is None:
+            raise ValueError(f"Head {path} does not record its feature layers (eagle_config.{LAYER_IDS_KEY}): "
+                             "pass its target.")
+        return eagle3_feature_layers(n)
+    if not (isinstance(ids, list) and ids and all(type(i) is int and 0 <= i <= (n or i) for i in ids)):
+        raise HeadMismatchError(f"Head {path}: eagle_config.{LAYER_IDS_KEY} {ids!r} are not layers of the target"
+                                f"{'' if n is None else f' ({n} layers)'}.")
+    return tuple(ids)
+
+
+def _load_counts(head: AnyHead, path: Path) -> None:
+    if (path / COUNTS_FILE).is_file():
+        counts = read_tensors(path / COUNTS_FILE).get("token_counts")
+        if counts is None or counts.shape != head.token_counts.shape:
+            raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of "
+                             f"{head.config.vocab_size}.")
+        head.token_counts.copy_(counts)
+
+
+def _load_state(head: AnyHead, state: dict[str, torch.Tensor], path: Path) -> None:
     """Weights into the head, checked name by name and shape by shape against config.json."""
     own = head.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (config.json says {tuple(own[k].shape)})" for k, v in state.items()
@@ -247,7 +298,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
 
 
-def head_sha256(head: DraftHead) -> str:
+def head_sha256(head: AnyHead) -> str:
     """A hash of the head's own weights and token counts (not the target's shared embedding), in
     fp32 so the load precision does not change it: what a stored result must have been drafted with
     for a resume to reuse it."""
@@ -259,28 +310,52 @@ def head_sha256(head: DraftHead) -> str:
     return h.hexdigest()[:16]
 
 
-def save_head(head: DraftHead, path: str | Path, include_embedding: bool = False,
+def head_identity(head: AnyHead | None) -> dict[str, str | None]:
+    """What a trace header records of the head: its type and version (head_sha256); None without one."""
+    if head is None:
+        return {"head_type": None, "head_version": None}
+    return {"head_type": head.kind, "head_version": head_sha256(head)}
+
+
+def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
               dtype: torch.dtype = torch.float16) -> None:
-    """Save in the official layout (no rotary buffers; embed_tokens only when asked). Each file is
-    replaced atomically (eagle.files), so a crash or a concurrent save never leaves a torn file."""
+    """Save in the official layout of the head's kind (no rotary buffers; embed_tokens only when
+    asked; d2t/t2d keep their integer and bool types). Each file is replaced atomically
+    (eagle.files), so a crash or a concurrent save never leaves a torn file."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()
-             if include_embedding or not k.startswith("embed_tokens.")}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in head.state_dict().items() if include_embedding or not k.startswith("embed_tokens.")}
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = with_legacy_keys(head.config.to_dict(), dtype)
     config["architectures"] = ["LlamaForCausalLM"]
+    if head.kind == "eagle3":
+        config.update(architectures=[EAGLE3_ARCHITECTURE], draft_vocab_size=head.lm_head.out_features,
+                      eagle_config={LAYER_IDS_KEY: list(head.feature_layers)})
     atomic_write_json(path / "config.json", config)
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
         atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
 
 
-def new_head(target, seed: int = 0) -> DraftHead:
-    """A freshly initialised head for `target`, sharing its embedding."""
+def new_head(target, seed: int = 0, kind: str = "eagle1", draft_ids: torch.Tensor | None = None) -> AnyHead:
+    """A freshly initialised head for `target`, sharing its embedding: EAGLE-1/2 (kind "eagle1") or
+    EAGLE-3 ("eagle3", over the draft vocabulary `draft_ids`, ascending target ids; None = all)."""
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"unknown head type {kind!r}: choose from {', '.join(HEAD_KINDS)}")
     torch.manual_seed(seed)
-    head = DraftHead(head_config_from_target(target.config), target.model.model.embed_tokens)
+    embed = target.model.model.embed_tokens
+    if kind == "eagle1":
+        head = DraftHead(head_config_from_target(target.config), embed)
+    else:
+        k = target.config.vocab_size if draft_ids is None else draft_ids.numel()
+        config = head_config_from_target(target.config, bias=None, draft_vocab_size=k)
+        head = Eagle3Head(config, eagle3_feature_layers(target.config.num_hidden_layers), embed)
     head.apply(lambda m: _init_linear(m, target.config.initializer_range))
+    if draft_ids is not None:
+        if kind != "eagle3":
+            raise ValueError("draft_ids: only an EAGLE-3 head has its own draft vocabulary")
+        head.set_draft_vocab(draft_ids)
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
@@ -315,7 +390,7 @@ def locate_head(head: str | Path | None) -> str | Path | None:
     return Path(snapshot_download(str(head), allow_patterns=HEAD_FILES, local_files_only=offline))
 
 
-def resolve_head(target, head: str | Path | None = "auto") -> tuple[DraftHead, str]:
+def resolve_head(target, head: str | Path | None = "auto") -> tuple[AnyHead, str]:
     """'auto': the shipped head for the target, else a random head; 'random': a fresh random head;
     otherwise a head directory. Returns the head and a description of where it came from."""
     if head in (None, "auto"):

@@ -266,23 +266,30 @@ class Target:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-                tree_mask: torch.Tensor | None = None,
-                logits_rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tree_mask: torch.Tensor | None = None, logits_rows: slice | torch.Tensor | None = None,
+                feature_layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run T new tokens written at cache slots [start, start+T).
 
         input_ids, positions: (1, T). tree_mask: (T, T) bool among the new tokens (None = causal).
-        Returns logits (1, T', V) for `logits_rows` (all rows when None) and features (1, T, H): the
-        post-norm last hidden states that EAGLE drafts from."""
+        feature_layers: HF output_hidden_states indices of the features to return, concatenated in
+        that order (index i < L: the input of layer i; L: the post-norm last hidden state); None is
+        (L,), what EAGLE-1/2 drafts from; EAGLE-3 asks for (2, L//2, L-3).
+        Returns logits (1, T', V) for `logits_rows` (all rows when None) and features (1, T, H * len)."""
         base = self.model.model
         n_new = input_ids.shape[1]
         hidden = base.embed_tokens(input_ids)  # (1, T, H)
         rope = base.rotary_emb(hidden, positions)
         mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, hidden.device)
         writer = cache.writer(start, n_new)
-        for layer in base.layers:
+        wanted, taken = set(feature_layers or ()), {}
+        for i, layer in enumerate(base.layers):
+            if i in wanted:
+                taken[i] = hidden
             hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, cache=writer)
-        features = base.norm(hidden)
-        rows = features if logits_rows is None else features[:, logits_rows]
+        last = base.norm(hidden)
+        taken[len(base.layers)] = last
+        features = last if feature_layers is None else torch.cat([taken[i] for i in feature_layers], dim=-1)
+        rows = last if logits_rows is None else last[:, logits_rows]
         return self.model.lm_head(rows), features
 
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,9 @@ class ByteTokenizer:
         return "".join(f"<{i}>" for i in ids)
 
 
-def tiny_target(vocab: int = 12, seed: int = 0, eos: int | None = 0) -> Target:
+def tiny_target(vocab: int = 12, seed: int = 0, eos: int | None = 0, layers: int = 2) -> Target:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          eos_token_id=eos, pad_token_id=None, tie_word_embeddings=True,
                          attn_implementation="sdpa")

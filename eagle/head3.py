@@ -1,0 +1,151 @@
+"""The EAGLE-3 draft head: fc over three of the target's hidden states (3H -> H), one decoder layer
+whose attention reads [norm(embedding) ; norm(fused feature)] (2H), a final norm and the head's own
+lm_head over a draft vocabulary of K tokens, mapped to target ids by the buffer d2t. Module names
+follow the official checkpoint layout (fc, midlayer.*, norm, lm_head, d2t, t2d); loading and saving
+live in eagle.head beside the EAGLE-1/2 head's."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .kvcache import CacheWriter, KVCache, prefix_mask
+
+if TYPE_CHECKING:
+    from .head import ChainKeys
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of an official EAGLE-3 head
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # under config["eagle_config"], as SpecForge and vLLM write it
+
+
+def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
+    """The target layers whose inputs EAGLE-3 fuses, low to high: 2, L//2, L-3 (as HF
+    output_hidden_states indices, index i being the input of layer i)."""
+    layers = (2, n_layers // 2, n_layers - 3)
+    if min(layers) < 0 or max(layers) >= n_layers:
+        raise ValueError(f"An EAGLE-3 head needs a target of at least 3 layers (its features are the inputs of "
+                         f"layers 2, L//2 and L-3); this one has {n_layers}.")
+    return layers
+
+
+def attention_inputs(cache: KVCache | None, start: int, n_new: int, tree_mask: torch.Tensor | None,
+                     device: torch.device) -> tuple[torch.Tensor | None, CacheWriter | None]:
+    """The mask (1, 1, T, start + T) and cache writer of a draft forward over T new tokens. Without a
+    cache (training) attention is plain causal over the sequence; one new token on a chain needs no mask."""
+    if cache is None:
+        return prefix_mask(0, n_new, tree_mask, device), None
+    mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, device)
+    return mask, cache.writer(start, n_new)
+
+
+def _wide_attention(config: LlamaConfig) -> LlamaAttention:
+    """Llama attention whose q/k/v projections read 2H inputs; o_proj still writes H."""
+    attn = LlamaAttention(config, layer_idx=0)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        narrow = getattr(attn, name)
+        setattr(attn, name, nn.Linear(2 * config.hidden_size, narrow.out_features, bias=narrow.bias is not None))
+    return attn
+
+
+class Eagle3Layer(nn.Module):
+    """The official `midlayer`: the fused feature and the token embedding are normed separately
+    (hidden_norm, input_layernorm), concatenated embedding first, and attended over; the residual
+    stream is the un-normed fused feature."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.self_attn = _wide_attention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, embeds: torch.Tensor, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, cache) -> torch.Tensor:
+        """embeds, x: (B, T, H) token embeddings and fused features -> (B, T, H)."""
+        wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(x)], dim=-1)  # (B, T, 2H)
+        x = x + self.self_attn(wide, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3Head(nn.Module):
+    """forward returns the layer's output hidden state (B, T, H), the feature later draft steps are
+    fed; `logit_features` (the final norm) turns it into what lm_head scores."""
+    kind = "eagle3"
+
+    def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...],
+                 embed_tokens: nn.Embedding | None = None) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"  # boolean tree masks need SDPA (eager adds masks as floats)
+        self.config, self.feature_layers = config, tuple(feature_layers)
+        h, vocab = config.hidden_size, config.vocab_size
+        k = getattr(config, "draft_vocab_size", None) or vocab
+        target_h = getattr(config, "target_hidden_size", None) or h
+        self.embed_tokens = embed_tokens or nn.Embedding(vocab, h, config.pad_token_id)
+        self.embed_tokens.requires_grad_(False)  # the target's embedding, frozen
+        self.fc = nn.Linear(len(self.feature_layers) * target_h, h, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, k, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.register_buffer("d2t", torch.zeros(k, dtype=torch.long))  # target id = draft id + d2t[draft id]
+        self.register_buffer("t2d", torch.arange(vocab) < k)  # which target ids the draft vocabulary holds
+        # Token frequencies of the training data (0 = unknown); the draft vocabulary was chosen from them.
+        self.register_buffer("token_counts", torch.zeros(vocab, dtype=torch.long), persistent=False)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        p, c = self.fc.weight, self.config
+        return KVCache(1, c.num_key_value_heads, c.head_dim, max_len, p.device, p.dtype)
+
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, 3H') target features go through fc; (B, T, H) outputs of the head itself (later
+        draft steps) are already in its space and pass as they are."""
+        features = features.to(self.fc.weight.dtype)
+        return self.fc(features) if features.shape[-1] == self.fc.in_features else features
+
+    def forward(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, start: int = 0,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids (B, T): x_{t+1}; features (B, T, 3H') or (B, T, H): f_t; -> hidden (B, T, H)."""
+        x = self._fuse(features)
+        embeds = self.embed_tokens(token_ids).to(x.dtype)
+        mask, writer = attention_inputs(cache, start, token_ids.shape[1], tree_mask, x.device)
+        return self.midlayer(embeds, x, self.rotary_emb(x, positions), mask, writer)
+
+    def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                   chain: "ChainKeys") -> torch.Tensor:
+        """One step of an unrolled draft chain (training-time test), as DraftHead.chain_step."""
+        x = self._fuse(features)
+        embeds = self.embed_tokens(token_ids).to(x.dtype)
+        mask = chain.mask(token_ids.shape[1], x.device)
+        return self.midlayer(embeds, x, self.rotary_emb(x, positions), mask, chain)
+
+    def logit_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(hidden)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., K) logits over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden))
+
+    def draft_vocab(self, lm_head_weight: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The target ids of the draft vocabulary (None: all, in order) and the lm_head rows scoring it:
+        the head's own (K, H)."""
+        identity = self.d2t.numel() == lm_head_weight.shape[0] and not bool(self.d2t.any())
+        return (None if identity else self.target_ids()), self.lm_head.weight
+
+    def target_ids(self) -> torch.Tensor:
+        """(K,) the target id of each draft token: draft id + d2t[draft id]."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Fill d2t and t2d from the K target ids (ascending) the draft vocabulary stands for."""
+        if target_ids.numel() != self.d2t.numel():
+            raise ValueError(f"{target_ids.numel()} draft tokens for a draft vocabulary of {self.d2t.numel()}")
+        ids = target_ids.to(self.d2t.device, torch.long)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
