@@ -14,6 +14,8 @@ from eagle.decode import Decoder, encode_prompt, generate
 from eagle.draft import Drafter
 from eagle.head import DraftHead, load_head, new_head, save_head
 from eagle.head3 import Eagle3Head
+from eagle.training.features import extract_features, prepare_features
+from eagle.training.train import train_head
 from tests.tiny import tiny_target
 
 H, HEADS, KV, D, INTER, VOCAB, LAYERS = 32, 4, 2, 8, 64, 12, 8  # tests/tiny.py's sizes, 8 layers
@@ -241,3 +243,36 @@ def test_real_model_greedy_with_a_random_eagle3_head_is_lossless(target, mode):
     ref = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=32)), ids).tokens
     out = generate(Decoder(target, head, DecodeConfig(mode=mode, max_new_tokens=32, **SMALL)), ids).tokens
     assert out == ref
+
+
+# ---- item 3: training an EAGLE-3 head ------------------------------------------------------------
+@pytest.mark.slow
+def test_prepare_train_and_decode_with_an_eagle3_head(target, tmp_path):
+    """Real model, fp32: 4 conversations, features of layers 2/15/27, 3 training steps with a 2-step
+    training-time test over a 512-token draft vocabulary, then the saved head decodes losslessly."""
+    feats = tmp_path / "features"
+    stats = prepare_features(target, feats, n_conversations=4, max_len=64, heldout_fraction=0.3, shard_size=2,
+                             head_type="eagle3")
+    manifest = json.loads((feats / "manifest.json").read_text())
+    assert (manifest["head_type"], manifest["feature_layers"]) == ("eagle3", [2, 15, 27])
+    shard = load_file(str(sorted(feats.glob("train-*.safetensors"))[0]))
+    first = slice(0, int(shard["offsets"][1]))
+    assert shard["features"].dtype == torch.float16 and shard["features"].shape[1] == 3 * 576
+    both = extract_features(target, shard["input_ids"][first].long(), (2, 15, 27, 30)).half()
+    assert torch.equal(torch.cat([shard["features"][first], shard["target_features"][first]], -1), both)
+    with pytest.raises(ValueError, match="head_type='eagle3'"):  # a resume of another type names the field
+        prepare_features(target, feats, n_conversations=4, max_len=64, heldout_fraction=0.3, shard_size=2)
+    with pytest.raises(ValueError, match="head_type eagle3"):
+        train_head(target, feats, tmp_path / "wrong", steps=1, progress=False)  # an eagle1 run on eagle3 features
+
+    summary = train_head(target, feats, tmp_path / "train", steps=3, lr=1e-3, batch=2, warmup=1, progress=False,
+                         eval_samples=2, ttt_steps=2, loss="token", head_type="eagle3", draft_vocab_size=512)
+    assert math.isfinite(summary["last_train"]["loss"]) and 0 <= summary["heldout"]["acc_step2"] <= 1
+    head = load_head(tmp_path / "train" / "head", target)
+    assert isinstance(head, Eagle3Head) and head.lm_head.out_features == 512 and int(head.t2d.sum()) == 512
+    chosen, threshold = head.target_ids(), int(head.token_counts.topk(512).values.min())
+    assert int(head.token_counts[chosen].min()) >= threshold  # the 512 most frequent training tokens
+    assert set((head.token_counts > threshold).nonzero().flatten().tolist()) <= set(chosen.tolist())
+    ids = encode_prompt(target.tokenizer, "Name three colours.", target.max_context)
+    ref = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=16)), ids).tokens
+    assert generate(Decoder(target, head, DecodeConfig(mode="dynamic", max_new_tokens=16, **SMALL)), ids).tokens == ref

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..checks import check_argv, check_output, check_runtime_args
 from ..files import run_guarded
+from ..head import HEAD_KINDS
 from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
@@ -49,7 +50,8 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig:
 
 def _run_prepare(args: argparse.Namespace, target: Target) -> None:
     prepare_features(target, args.features, args.conversations, args.max_len, args.heldout_fraction,
-                     args.shard_size, args.seed, args.sharegpt, _distill_config(args) if args.self_distill else None)
+                     args.shard_size, args.seed, args.sharegpt, _distill_config(args) if args.self_distill else None,
+                     head_type=args.head_type)
 
 
 def _run_distill(args: argparse.Namespace, target: Target) -> None:
@@ -83,8 +85,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="training-time test: draft steps unrolled per position (%(default)s = no unrolling)")
     p.add_argument("--ttt-decay", type=float, default=d.ttt_decay,
                    help="loss weight of unrolled step j is DECAY**j (%(default)s)")
-    p.add_argument("--loss", choices=LOSSES, default=d.loss,
-                   help="eagle1: SmoothL1 + 0.1 soft CE; token: soft CE only, the EAGLE-3 recipe (%(default)s)")
+    p.add_argument("--loss", choices=LOSSES, default=None,
+                   help="eagle1: SmoothL1 + 0.1 soft CE; token: soft CE only, the EAGLE-3 recipe "
+                        "(default: token for --head-type eagle3, else eagle1)")
+    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size,
+                   help="EAGLE-3: the head's own vocabulary is the K most frequent training tokens (d2t/t2d); "
+                        "0 = the target's whole vocabulary (%(default)s)")
 
 
 def _positive_int(text: str) -> int:
@@ -100,7 +106,8 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
                max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite, ttt_steps=args.ttt_steps,
-               ttt_decay=args.ttt_decay, loss=args.loss)
+               ttt_decay=args.ttt_decay, loss=args.loss or ("token" if args.head_type == "eagle3" else "eagle1"),
+               head_type=args.head_type, draft_vocab_size=args.draft_vocab_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(distill_dir=f"data/distill/{DEFAULT_MODEL}")
             continue
         p.add_argument("--features", default="runs/features", help="feature shard directory (%(default)s)")
+        p.add_argument("--head-type", choices=HEAD_KINDS, default="eagle1",
+                       help="eagle1: the EAGLE-1/2 head (last feature); eagle3: three target layers fused, own "
+                            "vocabulary, token loss (%(default)s)")
         (_add_prepare_args if name == "prepare" else _add_train_args)(p)
     return parser
 

@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
-from ..head import COUNTS_FILE, read_tensors
+from ..head import COUNTS_FILE, HEAD_KINDS, read_tensors
+from ..head3 import eagle3_feature_layers
 from ..target import Target, dtype_name
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
@@ -29,6 +30,7 @@ from .store import target_sha256
 
 SPLITS = ("heldout", "train")  # held-out first: training can start on a partial train set
 MANIFEST = "manifest.json"
+MANIFEST_DEFAULTS = {"head_type": "eagle1", "feature_layers": None}  # what manifests that predate a field mean
 Sample = tuple[torch.Tensor, torch.Tensor]  # (input_ids (T,), loss_mask (T,))
 
 
@@ -60,30 +62,46 @@ def count_tokens(samples: list[Sample], vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def extract_features(target: Target, input_ids: torch.Tensor) -> torch.Tensor:
-    """The target's post-norm last hidden states (T, H) for one sequence, through Target.forward
-    itself so that training features equal exactly what the decoder feeds the head."""
+def extract_features(target: Target, input_ids: torch.Tensor,
+                     feature_layers: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The target's features (T, H * len(layers)) for one sequence, through Target.forward itself so
+    that training features equal exactly what the decoder feeds the head (None: the post-norm last
+    hidden states (T, H), what an EAGLE-1/2 head drafts from)."""
     n = input_ids.numel()
     ids = input_ids[None].to(target.device)
     positions = torch.arange(n, device=target.device)[None]
-    _, features = target.forward(ids, positions, target.new_cache(n), 0, logits_rows=slice(0, 0))
+    _, features = target.forward(ids, positions, target.new_cache(n), 0, logits_rows=slice(0, 0),
+                                 feature_layers=feature_layers)
     return features[0]
 
 
-def _write_shard(target: Target, samples: list[Sample], path: Path) -> int:
-    """Forward each sample and store the shard as flat tensors + offsets; returns tokens written."""
-    feats = [extract_features(target, ids).to("cpu", torch.float16) for ids, _ in samples]
+def _write_shard(target: Target, samples: list[Sample], path: Path, feature_layers: list[int] | None) -> int:
+    """Forward each sample and store the shard as flat tensors + offsets; returns tokens written.
+    With feature_layers (EAGLE-3), `features` holds those layers' inputs concatenated and
+    `target_features` the post-norm last hidden states the token loss takes the target's
+    distribution from; both come from one forward."""
+    n_layers = target.config.num_hidden_layers
+    layers = None if feature_layers is None else (*feature_layers, n_layers)
+    feats = [extract_features(target, ids, layers).to("cpu", torch.float16) for ids, _ in samples]
     lengths = torch.tensor([0] + [len(ids) for ids, _ in samples], dtype=torch.long)
-    _save_tensors({
-        "input_ids": torch.cat([ids for ids, _ in samples]).to(torch.int32),
-        "loss_mask": torch.cat([mask for _, mask in samples]),
-        "features": torch.cat(feats).contiguous(),
-        "offsets": torch.cumsum(lengths, 0),
-    }, path)
+    tensors = {"input_ids": torch.cat([ids for ids, _ in samples]).to(torch.int32),
+               "loss_mask": torch.cat([mask for _, mask in samples]), "offsets": torch.cumsum(lengths, 0)}
+    flat = torch.cat(feats)
+    if layers is None:
+        tensors["features"] = flat.contiguous()
+    else:
+        h = target.config.hidden_size
+        tensors["features"], tensors["target_features"] = flat[:, :-h].contiguous(), flat[:, -h:].contiguous()
+    _save_tensors(tensors, path)
     return int(lengths.sum())
 
 
 SHARD_KEYS = {"input_ids", "loss_mask", "features", "offsets"}
+
+
+def shard_keys(feature_layers: list[int] | None) -> set[str]:
+    """The tensors a shard holds: EAGLE-3 shards add the last feature the token loss is scored on."""
+    return SHARD_KEYS if feature_layers is None else SHARD_KEYS | {"target_features"}
 
 
 def read_manifest(features_dir: Path) -> dict | None:
@@ -104,6 +122,8 @@ def _check_manifest(out_dir: Path, manifest: dict) -> None:
                              "use another --features.")
         return
     for k, v in manifest.items():
+        if k not in old and k in MANIFEST_DEFAULTS:  # recorded since: an older manifest means the default
+            old = {**old, k: MANIFEST_DEFAULTS[k]}
         if k not in old:
             raise ValueError(f"{out_dir} holds features made with other settings: its {MANIFEST} does not record "
                              f"{k} (made by an older version): use another --features.")
@@ -123,11 +143,11 @@ def samples_sha256(samples: dict[str, list[Sample]]) -> str:
     return h.hexdigest()
 
 
-def _shard_ok(path: Path) -> bool:
+def _shard_ok(path: Path, keys: set[str]) -> bool:
     """A shard that opens and holds every tensor (a file damaged after its atomic write does not)."""
     try:
         with safe_open(str(path), "pt") as f:
-            return SHARD_KEYS <= set(f.keys())
+            return keys <= set(f.keys())
     except (SafetensorError, OSError):
         return False
 
@@ -150,16 +170,22 @@ class PrepareStats:
 
 def prepare_features(target: Target, out_dir: str | Path, n_conversations: int = 800, max_len: int = 512,
                      heldout_fraction: float = 0.05, shard_size: int = 64, seed: int = 0,
-                     sharegpt: str | Path | None = None, distill: DistillConfig | None = None) -> PrepareStats:
+                     sharegpt: str | Path | None = None, distill: DistillConfig | None = None,
+                     head_type: str = "eagle1") -> PrepareStats:
     """Extract training features into out_dir/{train,heldout}-NNNNN.safetensors (resumable, locked).
-    With `distill`, the replies are first regenerated by the target (out_dir/distill.jsonl)."""
+    With `distill`, the replies are first regenerated by the target (out_dir/distill.jsonl).
+    head_type "eagle3" stores the inputs of target layers 2, L//2, L-3 (3H) besides the last feature."""
+    if head_type not in HEAD_KINDS:
+        raise ValueError(f"--head-type {head_type!r}: choose from {', '.join(HEAD_KINDS)}")
+    layers = list(eagle3_feature_layers(target.config.num_hidden_layers)) if head_type == "eagle3" else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / ".lock", f"prepare --features {out_dir}"):
         # what the shards' contents depend on; a resume must match every one (dtype: bf16 features differ)
         manifest = dict(model=target.name, target_sha256=target_sha256(target.model), dtype=dtype_name(target.dtype),
                         n_conversations=n_conversations, max_len=max_len, heldout_fraction=heldout_fraction,
-                        seed=seed, shard_size=shard_size, self_distill=asdict(distill) if distill else None)
+                        seed=seed, shard_size=shard_size, self_distill=asdict(distill) if distill else None,
+                        head_type=head_type, feature_layers=layers)
         _check_manifest(out_dir, manifest)  # before the self-distillation, which can take hours
         return _prepare_locked(target, out_dir, manifest, sharegpt, distill)
 
@@ -187,7 +213,7 @@ def _prepare_locked(target: Target, out_dir: Path, manifest: dict, sharegpt: str
     stats.heldout_tokens = sum(len(ids) for ids, _ in samples["heldout"])
     log.info("samples: %d train (%d tokens, %d masked), %d held-out (%d tokens)", stats.train_samples,
              stats.train_tokens, stats.train_masked_tokens, stats.heldout_samples, stats.heldout_tokens)
-    _write_shards(target, samples, out_dir, manifest["shard_size"], stats, log)
+    _write_shards(target, samples, out_dir, manifest["shard_size"], manifest["feature_layers"], stats, log)
     atomic_write_json(out_dir / MANIFEST, {**manifest, "stats": asdict(stats)})
     log.info("done: %s", asdict(stats))
     return stats
@@ -205,19 +231,19 @@ def _self_distill(target: Target, convs: list[Conversation], out_dir: Path, cfg:
 
 
 def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Path, shard_size: int,
-                  stats: PrepareStats, log: logging.Logger) -> None:
+                  layers: list[int] | None, stats: PrepareStats, log: logging.Logger) -> None:
     jobs = [(split, i, samples[split][i:i + shard_size])
             for split in SPLITS for i in range(0, len(samples[split]), shard_size)]
     bar = tqdm(jobs, desc="extract", unit="shard")
     for split, i, chunk in bar:
         path = out_dir / f"{split}-{i // shard_size:05d}.safetensors"
-        if path.exists() and _shard_ok(path):
+        if path.exists() and _shard_ok(path, shard_keys(layers)):
             stats.shards_skipped += 1
             continue
         if path.exists():
             log.warning("%s is damaged: extracting it again", path.name)
         start = time.perf_counter()
-        tokens = _write_shard(target, chunk, path)
+        tokens = _write_shard(target, chunk, path, layers)
         stats.forwards += len(chunk)
         stats.shards_written += 1
         log.info("wrote %s: %d samples, %d tokens, %.1f s", path.name, len(chunk), tokens,
@@ -232,8 +258,9 @@ def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Pat
 @dataclass
 class Sequence:
     input_ids: torch.Tensor  # (T,) long
-    features: torch.Tensor  # (T, H) fp16
+    features: torch.Tensor  # (T, H) fp16; EAGLE-3: (T, 3H), the three layers' inputs
     loss_mask: torch.Tensor  # (T,) bool
+    targets: torch.Tensor | None = None  # EAGLE-3: (T, H) post-norm last features (None: `features` are those)
 
 
 def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
@@ -244,8 +271,10 @@ def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
         if not SHARD_KEYS <= set(shard):
             raise ValueError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
         offsets = shard["offsets"].tolist()
+        last = shard.get("target_features")
         for a, b in zip(offsets[:-1], offsets[1:]):
-            seqs.append(Sequence(shard["input_ids"][a:b].long(), shard["features"][a:b], shard["loss_mask"][a:b]))
+            seqs.append(Sequence(shard["input_ids"][a:b].long(), shard["features"][a:b], shard["loss_mask"][a:b],
+                                 None if last is None else last[a:b]))
     return seqs
 
 

@@ -16,27 +16,27 @@ import torch
 from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger
-from ..head import COUNTS_FILE, DraftHead, load_head, new_head, read_tensors, save_head
+from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_tensors, save_head, top_token_ids
 from ..target import Target, dtype_name
 from .features import Sequence, check_features, load_shards
 from .objective import autocast_for, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss, unroll
 
 
 
-def _init_head(target: Target, seed: int) -> DraftHead:
+def _init_head(target: Target, seed: int, kind: str = "eagle1", draft_ids: torch.Tensor | None = None) -> AnyHead:
     """A new fp32 head (fp32 master weights also under bf16 autocast). Its frozen embedding is the
     target's own when the target is fp32, else an fp32 copy (casting must not touch the target)."""
-    head = new_head(target, seed)
+    head = new_head(target, seed, kind, draft_ids)
     if target.dtype != torch.float32:
         head.embed_tokens = torch.nn.Embedding.from_pretrained(target.model.model.embed_tokens.weight.float())
     return head.float().train()
 
 
-def _trainable_state(head: DraftHead) -> dict[str, torch.Tensor]:
+def _trainable_state(head: AnyHead) -> dict[str, torch.Tensor]:
     return {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
 
 
-def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, step: int,
+def save_checkpoint(path: Path, head: AnyHead, opt: torch.optim.Optimizer, step: int,
                     gen: torch.Generator) -> None:
     state = dict(head=_trainable_state(head), optim=opt.state_dict(), step=step,
                  gen=gen.get_state(), rng=torch.get_rng_state())
@@ -45,7 +45,7 @@ def save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, ste
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
+def load_checkpoint(path: Path, head: AnyHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
     """Restore head, optimizer and RNG state; returns the step to continue from."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -82,13 +82,15 @@ class TrainConfig:
     ttt_steps: int = 1  # training-time test: draft steps unrolled per position (1 = the EAGLE-1 recipe)
     ttt_decay: float = 0.8  # weight of step j's loss is ttt_decay ** j (EAGLE-3)
     loss: str = "eagle1"  # one of LOSSES
+    head_type: str = "eagle1"  # one of eagle.head.HEAD_KINDS; eagle3 needs features prepared for it and loss token
+    draft_vocab_size: int = 0  # EAGLE-3: the K most frequent training tokens make its vocabulary (0 = all)
 
 
 def _log_json(path: Path, record: dict) -> None:
     locked_append(path, (json.dumps(record) + "\n").encode("utf-8"))  # a line torn by a kill stays apart
 
 
-def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+def _train_step(head: AnyHead, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                 lm_weight: torch.Tensor, cfg: TrainConfig, amp: torch.dtype | None) -> dict[str, float] | None:
     """One optimizer step; None when the batch has no counted position (nothing to learn from)."""
     valid = batch["valid"]
@@ -96,7 +98,7 @@ def _train_step(head: DraftHead, opt: torch.optim.Optimizer, batch: dict[str, to
         return None
     with autocast_for(lm_weight.device, amp):
         steps = unroll(head, batch, cfg.ttt_steps)
-    losses = ttt_loss(steps, lm_weight, cfg.loss, cfg.ttt_decay, cfg.ce_weight)
+    losses = ttt_loss(steps, lm_weight, cfg.loss, cfg.ttt_decay, cfg.ce_weight, head)
     opt.zero_grad(set_to_none=True)
     losses["loss"].backward()
     torch.nn.utils.clip_grad_value_([p for p in head.parameters() if p.requires_grad], cfg.clip)
@@ -115,7 +117,8 @@ def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence],
 RUN_FILE = "run.json"
 # What a checkpoint's weights depend on; `steps` and the logging/eval cadence may change on resume.
 RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init",
-                 "ttt_steps", "ttt_decay", "loss")
+                 "ttt_steps", "ttt_decay", "loss", "head_type", "draft_vocab_size")
+RESUME_DEFAULTS = {"head_type": "eagle1", "draft_vocab_size": 0}  # what a run.json that predates a field means
 
 
 def _check_run(out_dir: Path, fingerprint: dict) -> None:
@@ -132,8 +135,8 @@ def _check_run(out_dir: Path, fingerprint: dict) -> None:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}): use another --out.") from None
     for k, v in fingerprint.items():
-        if not isinstance(old, dict) or old.get(k) != v:
-            was = old.get(k) if isinstance(old, dict) else None
+        was = old.get(k, RESUME_DEFAULTS.get(k)) if isinstance(old, dict) else None
+        if was != v:
             raise ValueError(f"{out_dir} holds a run trained with {k}={was!r} (this run: {v!r}): resume with the "
                              "same value or use another --out.")
 
@@ -155,28 +158,48 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
     if final_dir and (Path(final_dir) / "config.json").exists() and not overwrite:
         raise ValueError(f"{final_dir} already holds a head: pass --overwrite to replace it, or another --final-dir.")
     manifest = check_features(features_dir)
+    _check_head_type(cfg, manifest, features_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / ".lock", f"train --out {out_dir}"):
         _check_run(out_dir, _run_fingerprint(target, features_dir, manifest, cfg))
         return _train_locked(target, features_dir, out_dir, cfg, final_dir, progress)
 
 
+def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path) -> None:
+    """The features must be the ones the head type reads, and an EAGLE-3 head has no feature to regress."""
+    prepared = (manifest or {}).get("head_type", "eagle1")
+    if prepared != cfg.head_type:
+        raise ValueError(f"{features_dir} holds features prepared for head_type {prepared} (manifest.json), not "
+                         f"{cfg.head_type}: run prepare --head-type {cfg.head_type} into another --features.")
+    if cfg.head_type == "eagle3" and cfg.loss != "token":
+        raise ValueError(f"--loss {cfg.loss}: an EAGLE-3 head predicts tokens, not features; use --loss token.")
+    if cfg.draft_vocab_size and cfg.head_type != "eagle3":
+        raise ValueError("--draft-vocab-size: only an EAGLE-3 head has its own draft vocabulary (use --head-type "
+                         "eagle3; an EAGLE-1/2 head reduces its vocabulary at decode time with --draft-vocab).")
+
+
 def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
                   final_dir: str | Path | None, progress: bool) -> dict:
     log = run_logger("train", out_dir / "train.log")
     train, heldout, counts = _load_data(features_dir, log)
-    head = _init_head(target, cfg.seed)
+    draft_ids = top_token_ids(counts, cfg.draft_vocab_size) if cfg.head_type == "eagle3" else None
+    head = _init_head(target, cfg.seed, cfg.head_type, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
     ckpt = out_dir / "checkpoint.pt"
     start = load_checkpoint(ckpt, head, opt, gen) if ckpt.exists() else 0
     if start == 0 and cfg.init:
-        head.load_state_dict(_trainable_state(load_head(cfg.init, target)), strict=False)
+        init = load_head(cfg.init, target)
+        if init.kind != head.kind:
+            raise ValueError(f"--init {cfg.init} is an {init.kind} head, not {head.kind}: warm start from the same type.")
+        head.load_state_dict(_trainable_state(init), strict=False)
         log.info("warm start from %s", cfg.init)
     log.info("training %d -> %d steps, config %s", start, cfg.steps, asdict(cfg))
-    lm_weight = reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
     lm_full = target.model.lm_head.weight.detach().float()
+    # the target's distribution is scored over the rows the draft can propose: an EAGLE-3 head's own vocabulary
+    lm_weight = lm_full[head.target_ids()].contiguous() if head.kind == "eagle3" else \
+        reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
     began = time.perf_counter()
     amp = None if target.dtype == torch.float32 else target.dtype  # train at the precision the target runs in
     done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress, amp)
@@ -198,7 +221,7 @@ def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainC
     return summary
 
 
-def _train_loop(head: DraftHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
+def _train_loop(head: AnyHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
                 heldout: list[Sequence], lm_weight: torch.Tensor, lm_full: torch.Tensor, cfg: TrainConfig,
                 start: int, out_dir: Path, progress: bool, amp: torch.dtype | None) -> tuple[int, dict[str, float]]:
     """Steps start..cfg.steps with logging, periodic held-out evaluation and checkpoints;
