@@ -26,7 +26,8 @@ OnWait = Callable[[], None]  # called while another generation holds the lock (k
 def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[int]) -> Trace:
     header = TraceHeader(model=models.target.name, head=models.head_source, config=asdict(cfg),
                          prompt=prompt, prompt_tokens=len(prompt_ids),
-                         meta={"seconds": 0.0, "finished": None, "dtype": models.dtype_label})
+                         meta={"seconds": 0.0, "finished": None, "dtype": models.dtype_label},
+                         **models.head_identity)
     return Trace(header, [])
 
 

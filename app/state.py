@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import streamlit as st
 
 from eagle.config import DecodeConfig
-from eagle.head import DraftHead, resolve_head
+from eagle.head import AnyHead, head_identity, resolve_head
 from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
@@ -40,7 +41,7 @@ def short_path(text: str) -> str:
 class Models:
     """The target and draft head, plus the lock that serialises generation across sessions."""
     target: Target
-    head: DraftHead
+    head: AnyHead
     head_source: str
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -51,6 +52,15 @@ class Models:
     @property
     def head_label(self) -> str:
         return f"trained head ({short_path(self.head_source)})" if self.head_trained else "random head"
+
+    @cached_property
+    def head_identity(self) -> dict[str, str | None]:
+        """head_type and head_version (the weights hash) for trace headers, hashed once per load."""
+        return head_identity(self.head)
+
+    @property
+    def head_type_label(self) -> str:
+        return HEAD_TYPE_LABELS.get(self.head.kind, self.head.kind)
 
     @property
     def dtype_label(self) -> str:
@@ -170,9 +180,13 @@ def run_label(index: int, trace: Trace) -> str:
     return f"#{index + 1} {cfg.get('mode')}{tree} · {tokens} tokens · “{prompt}”"
 
 
+HEAD_TYPE_LABELS = {"eagle1": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head"}
+
+
 def show_head_badge(models: Models) -> None:
-    """Sidebar note on which head drafts and at what precision: users must know when low
-    acceptance is expected, and which dtype the speeds belong to."""
+    """Sidebar note on which head drafts (type, version) and at what precision: users must know when
+    low acceptance is expected, and which dtype the speeds belong to."""
+    st.sidebar.caption(f"Head type: **{models.head_type_label}** · version `{models.head_identity['head_version']}`")
     if models.head_trained:
         st.sidebar.success(f"Draft head: {models.head_label}")
     else:

@@ -14,6 +14,7 @@ from .checks import check_argv, check_output, check_runtime_args
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
 from .files import run_guarded
+from .head import head_identity
 from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
 from .target import DEFAULT_MODEL, dtype_name
 from .tools.bench import main as bench_main
@@ -60,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         print(_budget_line(budget, report), file=sys.stderr)
     header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
-                         {"dtype": dtype_name(target.dtype), "device": target.device.type})
+                         {"dtype": dtype_name(target.dtype), "device": target.device.type}, **head_identity(head))
     steps = []
 
     def on_step(record) -> bool:

@@ -18,6 +18,7 @@ from .loading import add_decode_args, budget_mode, config_from_args, load_pair
 from .config import MODES, DecodeConfig
 from .decode import Decoder, Generation, encode_prompt, generate
 from .frames import nodes_frame, steps_frame
+from .head import head_identity
 from .target import Target, dtype_name
 from .tools.budget import tuned_config
 from .trace import Trace, TraceHeader
@@ -97,7 +98,8 @@ class Explorer:
             cfg, costs, _ = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         result = generate(Decoder(target, head, cfg, costs), ids)
         header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
-                             {"dtype": dtype_name(target.dtype), "device": target.device.type})
+                             {"dtype": dtype_name(target.dtype), "device": target.device.type},
+                             **head_identity(head))
         text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         return Exploration(text, result, Trace(header, result.steps), cfg, source)
 

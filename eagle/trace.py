@@ -4,7 +4,8 @@ Schema `eagle2-explorer/trace`, version 2. A trace file holds, per generation, a
 line per round; every record carries the generation's id, so records of two generations never merge:
 
 header: {"schema", "version", "kind": "header", "generation": id, "model", "head",
-         "config": DecodeConfig fields, "prompt": str, "prompt_tokens": int, "meta": {...}}
+         "config": DecodeConfig fields, "prompt": str, "prompt_tokens": int, "meta": {...},
+         "head_type": "eagle1"|"eagle3"|null, "head_version": head_sha256|null (optional: older files lack them)}
 step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [NodeRecord...],
          "accepted": [node ids], "bonus_token": int, "bonus_text": str, "new_tokens": [int],
          "new_text": str, "accept_length": accepted draft tokens + 1,
@@ -95,6 +96,8 @@ class TraceHeader:
     prompt_tokens: int
     meta: dict = field(default_factory=dict)
     generation: str = field(default_factory=new_generation_id)
+    head_type: str | None = None  # "eagle1" (EAGLE-1/2 layout) or "eagle3"; None without a head
+    head_version: str | None = None  # eagle.head.head_sha256 of the head's weights
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "kind": "header", **asdict(self)}
@@ -176,7 +179,8 @@ def append_trace(path: str | Path, trace: Trace) -> None:
 # Field -> kind of every record; checked on read so that no consumer meets a null confidence or a
 # string where a number belongs (a record that fails is skipped and counted, never half-used).
 HEADER_FIELDS = {"model": "str", "head": "str?", "config": "dict", "prompt": "str", "prompt_tokens": "int"}
-HEADER_OPTIONAL = {"schema": "str", "version": "int", "kind": "str", "meta": "dict", "generation": "str"}
+HEADER_OPTIONAL = {"schema": "str", "version": "int", "kind": "str", "meta": "dict", "generation": "str",
+                   "head_type": "str?", "head_version": "str?"}
 STEP_FIELDS = {"step": "int", "mode": "str", "nodes": "list", "accepted": "ints", "bonus_token": "int",
                "bonus_text": "str", "new_tokens": "ints", "new_text": "str", "accept_length": "int"}
 STEP_OPTIONAL = {"kind": "str", "generation": "str", "timings": "numdict", "target_forwards": "int",
@@ -226,7 +230,8 @@ def _parse(line: str) -> TraceHeader | tuple[str | None, StepRecord]:
         _check_schema(obj)
         _check_fields(obj, HEADER_FIELDS, HEADER_OPTIONAL, TraceHeader, "header")
         fields = {k: obj[k] for k in HEADER_FIELDS}
-        return TraceHeader(**fields, meta=obj.get("meta", {}), generation=obj.get("generation", ""))
+        return TraceHeader(**fields, meta=obj.get("meta", {}), generation=obj.get("generation", ""),
+                           head_type=obj.get("head_type"), head_version=obj.get("head_version"))
     if obj.get("kind") == "step":
         _check_fields(obj, STEP_FIELDS, STEP_OPTIONAL, StepRecord, "step")
         for node in obj["nodes"]:
