@@ -37,7 +37,8 @@ def official_state(seed: int = 0) -> dict[str, torch.Tensor]:
     t2d[DRAFT_IDS] = True
     return {"fc.weight": r(H, 3 * H), "midlayer.hidden_norm.weight": 1 + r(H),
             "midlayer.input_layernorm.weight": 1 + r(H), "midlayer.post_attention_layernorm.weight": 1 + r(H),
-            "midlayer.self_attn.q_proj.weight": r(HEADS * D, 2 * H), "midlayer.self_attn.k_proj.weight": r(KV * D, 2 * H),
+            "midlayer.self_attn.q_proj.weight": r(HEADS * D, 2 * H),
+            "midlayer.self_attn.k_proj.weight": r(KV * D, 2 * H),
             "midlayer.self_attn.v_proj.weight": r(KV * D, 2 * H), "midlayer.self_attn.o_proj.weight": r(H, HEADS * D),
             "midlayer.mlp.gate_proj.weight": r(INTER, H), "midlayer.mlp.up_proj.weight": r(INTER, H),
             "midlayer.mlp.down_proj.weight": r(H, INTER), "norm.weight": 1 + r(H), "lm_head.weight": r(k, H),

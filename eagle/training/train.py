@@ -192,7 +192,8 @@ def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainC
     if start == 0 and cfg.init:
         init = load_head(cfg.init, target)
         if init.kind != head.kind:
-            raise ValueError(f"--init {cfg.init} is an {init.kind} head, not {head.kind}: warm start from the same type.")
+            raise ValueError(f"--init {cfg.init} is an {init.kind} head, not {head.kind}: warm start from a head "
+                             "of the same type.")
         head.load_state_dict(_trainable_state(init), strict=False)
         log.info("warm start from %s", cfg.init)
     log.info("training %d -> %d steps, config %s", start, cfg.steps, asdict(cfg))
