@@ -5,17 +5,12 @@ follow the official checkpoint layout (fc, midlayer.*, norm, lm_head, d2t, t2d);
 live in eagle.head beside the EAGLE-1/2 head's."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .kvcache import CacheWriter, KVCache, prefix_mask
-
-if TYPE_CHECKING:
-    from .head import ChainKeys
+from .kvcache import CacheWriter, ChainKeys, KVCache, prefix_mask
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of an official EAGLE-3 head
 LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # under config["eagle_config"], as SpecForge and vLLM write it
@@ -117,7 +112,7 @@ class Eagle3Head(nn.Module):
         return self.midlayer(embeds, x, self.rotary_emb(x, positions), mask, writer)
 
     def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                   chain: "ChainKeys") -> torch.Tensor:
+                   chain: ChainKeys) -> torch.Tensor:
         """One step of an unrolled draft chain (training-time test), as DraftHead.chain_step."""
         x = self._fuse(features)
         embeds = self.embed_tokens(token_ids).to(x.dtype)

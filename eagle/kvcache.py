@@ -63,3 +63,29 @@ def prefix_mask(start: int, n_new: int, tree_mask: torch.Tensor | None,
         tree_mask = torch.ones(n_new, n_new, dtype=torch.bool, device=device).tril_()
     visible = torch.ones(n_new, start + n_new - tree_mask.shape[1], dtype=torch.bool, device=device)
     return torch.cat([visible, tree_mask.to(device)], dim=1)[None, None]
+
+
+class ChainKeys:
+    """Keys and values of the draft chains unrolled from every position of a sequence at once.
+
+    Step 0 runs on the real context (causal). At step j the chain started at position t has drafted
+    j tokens beyond it; its query sees what the drafter's query at depth j sees: the real context's
+    keys up to t, then the keys its own chain wrote at t in steps 1..j-1, then itself. Duck-types the
+    cache `update` the attention calls; it concatenates (never writes in place) so autograd can
+    backpropagate through every step."""
+
+    def __init__(self) -> None:
+        self.k: list[torch.Tensor] = []  # per step (B, H_kv, T, D)
+        self.v: list[torch.Tensor] = []
+
+    def mask(self, n: int, device: torch.device | str) -> torch.Tensor:
+        """(1, 1, T, (steps + 1) * T) for the next step: causal over the context, diagonal per earlier step."""
+        context = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+        own = torch.eye(n, dtype=torch.bool, device=device)
+        return torch.cat([context] + [own] * len(self.k), dim=1)[None, None]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.append(key_states)
+        self.v.append(value_states)
+        return torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)

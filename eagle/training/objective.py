@@ -10,7 +10,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ..head import AnyHead, ChainKeys
+from ..head import AnyHead
+from ..kvcache import ChainKeys
 from ..target import Target
 from .features import Sequence
 
