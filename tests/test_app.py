@@ -264,6 +264,8 @@ def test_dtype_is_shown_and_keys_the_model_pair():
     assert f"**{auto.dtype_label}**" in note and auto.target.dtype_report["reason"] in note
     badge = at.sidebar.success[0].value
     assert badge == "Draft head: trained head (eagle/resources/heads/smollm2-135m-instruct)"  # no machine path
+    kind = next(c.value for c in at.sidebar.caption if c.value.startswith("Head type"))
+    assert kind.startswith("Head type: **EAGLE-1/2 head** · version `") and auto.head_identity["head_version"] in kind
     at.sidebar.selectbox(key="dtype").set_value("float32").run()
     _no_trouble(at)
     named = state._load_models(DEFAULT_MODEL, "auto", "float32")

@@ -12,8 +12,9 @@ from safetensors.torch import load_file, save_file
 from eagle.config import DecodeConfig
 from eagle.decode import Decoder, encode_prompt, generate
 from eagle.draft import Drafter
-from eagle.head import DraftHead, load_head, new_head, save_head
+from eagle.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
 from eagle.head3 import Eagle3Head
+from eagle.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.training.features import extract_features, prepare_features
 from eagle.training.train import train_head
 from tests.tiny import tiny_target
@@ -277,3 +278,15 @@ def test_prepare_train_and_decode_with_an_eagle3_head(target, tmp_path):
     ids = encode_prompt(target.tokenizer, "Name three colours.", target.max_context)
     ref = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=16)), ids).tokens
     assert generate(Decoder(target, head, DecodeConfig(mode="dynamic", max_new_tokens=16, **SMALL)), ids).tokens == ref
+
+
+# ---- item 4: which head is loaded --------------------------------------------------------------------
+def test_the_trace_header_says_which_head_drafted(tmp_path, tiny):
+    head = new_head(tiny, seed=2, kind="eagle3", draft_ids=DRAFT_IDS)
+    identity = head_identity(head)
+    assert identity == {"head_type": "eagle3", "head_version": head_sha256(head)}
+    header = TraceHeader("tiny", "random", {}, "p", 3, **identity)
+    write_trace(tmp_path / "t.jsonl", [Trace(header, [])])
+    back = read_trace(tmp_path / "t.jsonl")[0][0].header
+    assert (back.head_type, back.head_version) == ("eagle3", head_sha256(head))
+    assert head_identity(new_head(tiny, seed=2))["head_type"] == "eagle1" and head_identity(None)["head_type"] is None
