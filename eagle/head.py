@@ -17,7 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from .files import atomic_write, atomic_write_json, read_json_object
 from .head3 import ARCHITECTURE as EAGLE3_ARCHITECTURE
-from .head3 import LAYER_IDS_KEY, Eagle3Head, attention_inputs, eagle3_feature_layers
+from .head3 import LAYER_IDS_KEY, Eagle3Head, attention_inputs, eagle3_feature_layers, top_token_ids
 from .kvcache import ChainKeys, KVCache
 from .resources import resource_path
 from .target import hub_offline, looks_like_path, with_legacy_keys
@@ -122,14 +122,6 @@ class DraftHead(nn.Module):
 
 AnyHead = DraftHead | Eagle3Head  # the two head layouts the drafter and the trainer take
 HEAD_KINDS = (DraftHead.kind, Eagle3Head.kind)  # eagle1: EAGLE-1/2 layout; eagle3: EAGLE-3 layout
-
-
-def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
-    """The k most frequent token ids, ascending (FR-Spec's reduced draft vocabulary); None when k is 0,
-    covers the whole vocabulary, or there are no counts."""
-    if k <= 0 or k >= counts.numel() or int(counts.sum()) == 0:
-        return None
-    return torch.topk(counts, k).indices.sort().values
 
 
 def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:

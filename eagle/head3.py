@@ -16,6 +16,14 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of an off
 LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # under config["eagle_config"], as SpecForge and vLLM write it
 
 
+def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The k most frequent token ids, ascending (FR-Spec's reduced draft vocabulary); None when k is 0,
+    covers the whole vocabulary, or there are no counts."""
+    if k <= 0 or k >= counts.numel() or int(counts.sum()) == 0:
+        return None
+    return torch.topk(counts, k).indices.sort().values
+
+
 def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
     """The target layers whose inputs EAGLE-3 fuses, low to high: 2, L//2, L-3 (as HF
     output_hidden_states indices, index i being the input of layer i)."""
@@ -131,6 +139,13 @@ class Eagle3Head(nn.Module):
         the head's own (K, H)."""
         identity = self.d2t.numel() == lm_head_weight.shape[0] and not bool(self.d2t.any())
         return (None if identity else self.target_ids()), self.lm_head.weight
+
+    def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
+        """The target ids FR-Spec's k keeps of this head's own vocabulary (its k most frequent by the
+        stored counts, as the Drafter picks them); None when k keeps them all or no counts are stored."""
+        ids = self.target_ids()
+        rows = top_token_ids(self.token_counts[ids], k)
+        return None if rows is None else ids[rows.to(ids.device)]
 
     def target_ids(self) -> torch.Tensor:
         """(K,) the target id of each draft token: draft id + d2t[draft id]."""

@@ -14,6 +14,7 @@ from eagle.decode import Decoder, encode_prompt, generate
 from eagle.draft import Drafter
 from eagle.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
 from eagle.head3 import Eagle3Head
+from eagle.tools.budget import auto_config
 from eagle.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.training.features import extract_features, prepare_features
 from eagle.training.train import train_head
@@ -290,3 +291,16 @@ def test_the_trace_header_says_which_head_drafted(tmp_path, tiny):
     back = read_trace(tmp_path / "t.jsonl")[0][0].header
     assert (back.head_type, back.head_version) == ("eagle3", head_sha256(head))
     assert head_identity(new_head(tiny, seed=2))["head_type"] == "eagle1" and head_identity(None)["head_type"] is None
+
+
+def test_draft_vocab_ids_are_the_drafters_tokens_and_auto_budget_refuses_eagle3(single_thread):
+    """bench and the tools ask a head which target ids a draft_vocab keeps; for an EAGLE-3 head these
+    must be the ones its Drafter scores. The auto budget models EAGLE-1/2 heads only: one sentence."""
+    target = tiny_target(vocab=VOCAB, seed=5, eos=None, layers=LAYERS)
+    head = new_head(target, seed=2, kind="eagle3", draft_ids=DRAFT_IDS)
+    assert head.draft_vocab_ids(4) is None  # no counts stored: the whole own vocabulary
+    head.token_counts[torch.tensor([3, 5, 8, 9, 11])] = torch.tensor([50, 40, 30, 20, 1])
+    drafter = Drafter(head, target.model.lm_head.weight, 16, draft_vocab=4)
+    assert head.draft_vocab_ids(4).tolist() == drafter.vocab_ids.tolist() == [3, 5, 8, 9]
+    with pytest.raises(ValueError, match="EAGLE-1/2 heads only"):
+        auto_config(target, head, DecodeConfig())

@@ -37,6 +37,7 @@ from ..decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_
 from ..draft import Drafter, draft_dynamic
 from ..files import atomic_write_json, read_json_or_none
 from ..head import DraftHead
+from ..head3 import Eagle3Head
 from ..target import Target, cache_dir, device_name
 from ..questions import load_questions
 from ..timing import time_interleaved
@@ -502,6 +503,9 @@ def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts
     """The budget with the most expected tokens/s on this machine: (config, report). The first call
     measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
     per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
+    if isinstance(head, Eagle3Head):  # its replay scores the target's lm_head rows and EAGLE-1 features
+        raise ValueError("The auto tree budget models EAGLE-1/2 heads only: give an EAGLE-3 head a fixed tree "
+                         "(--total-tokens, --depth, --top-k, or --preset paper).")
     settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
     fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
