@@ -10,7 +10,7 @@ from eagle.files import run_guarded
 
 from .export import load_traces, write_figures, write_tables
 from .report import build_figures, build_tables
-from .tables import nodes_frame, steps_frame
+from .tables import nodes_frame, steps_frame, trace_seconds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def figures_command(args: argparse.Namespace) -> int:
     if not traces:
         raise ValueError(f"no readable trace in {args.traces}")
     nodes, steps = nodes_frame(traces), steps_frame(traces)
-    tables = build_tables(nodes, steps, args.bins)
+    tables = build_tables(nodes, steps, args.bins, trace_seconds(traces))
     written = write_tables(tables, args.out)
     written += write_tables({"nodes": nodes, "steps": steps}, args.out, markdown=False)
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())

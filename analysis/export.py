@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from eagle.markdown import markdown_table
 from eagle.trace import Trace, TraceFormatError, read_trace
 
 # Kaleido 1.x drives a Chrome-family browser; these are the names Debian/Ubuntu/Chrome install.
@@ -131,17 +132,14 @@ def _cell(value: object, floatfmt: str) -> str:
         return ""
     if isinstance(value, float):
         return "" if math.isnan(value) else format(value, floatfmt)
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return str(value)
 
 
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
-    """A GitHub-flavoured Markdown table (pandas' own needs `tabulate`, which is not installed)."""
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(frame[c]) else "---"
-                          for c in frame.columns) + "|"
-    rows = ["| " + " | ".join(_cell(v, floatfmt) for v in row) + " |"
-            for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *rows]) + "\n"
+    """A GitHub-flavoured Markdown table (eagle.markdown; pandas' own needs `tabulate`, not installed)."""
+    rows = ([_cell(v, floatfmt) for v in row] for row in frame.itertuples(index=False))
+    right = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
+    return markdown_table([str(c) for c in frame.columns], rows, right) + "\n"
 
 
 def write_tables(tables: dict[str, pd.DataFrame], out: str | Path, markdown: bool = True) -> list[Path]:

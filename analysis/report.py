@@ -15,10 +15,12 @@ from . import tables as T
 MAX_PRUNED_SHOWN = 120
 
 
-def build_tables(nodes: pd.DataFrame, steps: pd.DataFrame, bins: int = 10) -> dict[str, pd.DataFrame]:
-    """The summary tables (the per-node and per-step frames are passed in, not repeated here)."""
+def build_tables(nodes: pd.DataFrame, steps: pd.DataFrame, bins: int = 10,
+                 seconds: pd.Series | None = None) -> dict[str, pd.DataFrame]:
+    """The summary tables (the per-node and per-step frames are passed in, not repeated here);
+    `seconds`: the traces' wall times (tables.trace_seconds) for the rates in compare_modes."""
     return {
-        "compare_modes": T.mode_summary(steps),
+        "compare_modes": T.mode_summary(steps, seconds),
         "calibration_confidence": T.calibration_table(nodes, "confidence", bins),
         "calibration_value": T.calibration_table(nodes, "value", bins),
         "calibration_confidence_by_depth": T.calibration_table(nodes, "confidence", bins, per_depth=True),

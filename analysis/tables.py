@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from eagle.stats import mean, speedup, tau, tokens_per_second
 from eagle.config import MODES
 # The record -> row tables live in eagle.frames (so eagle.explore can return them); re-exported here.
 from eagle.frames import (  # noqa: F401
@@ -159,30 +160,46 @@ def mode_order(modes: pd.Series) -> list:
     return sorted(modes.unique(), key=lambda m: (MODES.index(m) if m in MODES else len(MODES), str(m)))
 
 
+def trace_seconds(traces: TraceLike) -> pd.Series:
+    """Per trace (indexed as steps_frame's `trace` column): the generation's wall-clock seconds, as
+    the header's meta "seconds" records it (bench, the app, explore() and `generate --trace` write
+    it), else the sum of its steps' own timings (older traces; a slight undercount, since it leaves
+    out the host time between rounds)."""
+    out = []
+    for t in as_traces(traces):
+        wall = t.header.meta.get("seconds")
+        timed = isinstance(wall, (int, float)) and not isinstance(wall, bool) and wall > 0
+        out.append(float(wall) if timed else float(sum(sum(s.timings.values()) for s in t.steps)))
+    return pd.Series(out, dtype=float, name="seconds")
+
+
 def compare_modes(traces: TraceLike) -> pd.DataFrame:
     """Per mode: tau = new tokens / target forwards (the prefill counts as one of each), mean
-    accept_length and tree size per round, decoder-timed tokens/s, the draft's share of the time,
-    and the speed-up over vanilla when vanilla traces are present."""
-    return mode_summary(steps_frame(traces))
+    accept_length and tree size per round, tokens/s (total tokens over the generations' total wall
+    seconds, eagle.stats), the draft's share of that time, and the speed-up over vanilla when
+    vanilla traces are present."""
+    return mode_summary(steps_frame(traces), trace_seconds(traces))
 
 
-def mode_summary(steps: pd.DataFrame) -> pd.DataFrame:
-    """compare_modes on an existing steps_frame."""
+def mode_summary(steps: pd.DataFrame, seconds: pd.Series | None = None) -> pd.DataFrame:
+    """compare_modes on an existing steps_frame; `seconds` is trace_seconds of the same traces (None:
+    each trace's time is the sum of its steps' timings)."""
     rows = []
     for mode in mode_order(steps["mode"]):
         s = steps[steps["mode"] == mode]
         r = _rounds(s)
-        seconds, tokens, forwards = s["seconds"].sum(), s["new_tokens"].sum(), s["target_forwards"].sum()
+        wall = s["seconds"].sum() if seconds is None else seconds.loc[s["trace"].unique()].sum()
+        tokens, forwards = int(s["new_tokens"].sum()), int(s["target_forwards"].sum())
         rows.append({"mode": mode, "traces": s["trace"].nunique(), "rounds": len(r),
-                     "new_tokens": int(tokens), "target_forwards": int(forwards),
-                     "tau": tokens / forwards if forwards else np.nan,
-                     "mean_accept_length": r["accept_length"].mean(),
-                     "mean_tree_size": r["tree_size"].mean(), "seconds": seconds,
-                     "tokens_per_s": tokens / seconds if seconds > 0 else np.nan,
-                     "draft_share": s["t_draft"].sum() / seconds if seconds > 0 else np.nan})
+                     "new_tokens": tokens, "target_forwards": forwards, "tau": tau(tokens, forwards),
+                     "mean_accept_length": mean(r["accept_length"]),
+                     "mean_tree_size": mean(r["tree_size"]), "seconds": float(wall),
+                     "tokens_per_s": tokens_per_second(tokens, wall),
+                     "draft_share": s["t_draft"].sum() / wall if wall > 0 else np.nan})
     table = pd.DataFrame(rows, columns=["mode", "traces", "rounds", "new_tokens", "target_forwards",
                                         "tau", "mean_accept_length", "mean_tree_size", "seconds",
                                         "tokens_per_s", "draft_share"])
     vanilla = table.loc[table["mode"] == "vanilla", "tokens_per_s"]
-    table["speedup"] = table["tokens_per_s"] / vanilla.iloc[0] if len(vanilla) else np.nan
+    reference = vanilla.iloc[0] if len(vanilla) else np.nan
+    table["speedup"] = [speedup(rate, reference) for rate in table["tokens_per_s"]]
     return table

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import asdict
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from eagle.stats import tokens_per_second
 from eagle.trace import StepRecord, Trace
 
 from .persist import save, seed
@@ -49,10 +51,14 @@ def show_metrics(trace: Trace) -> None:
     cols[0].metric("Tokens", len(gen.tokens))
     cols[1].metric("τ", f"{gen.tau:.2f}", help="New tokens per target forward pass (prefill included)")
     cols[2].metric("Rounds", max(0, len(trace.steps) - 1), help=_finish_note(trace))
-    cols[3].metric("Decoder tok/s", f"{len(gen.tokens) / busy:.1f}" if busy > 0 else "–",
+    cols[3].metric("Decoder tok/s", _rate(tokens_per_second(len(gen.tokens), busy)),
                    help="Tokens over the decoder's own time (the rounds' timings in the trace)")
-    cols[4].metric("Wall-clock tok/s", f"{gen.tokens_per_second:.1f}",
+    cols[4].metric("Wall-clock tok/s", _rate(gen.tokens_per_second),
                    help="Tokens over the wall-clock time of the generation, drawing this page included")
+
+
+def _rate(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.1f}"  # NaN: nothing timed yet
 
 
 def _finish_note(trace: Trace) -> str:

@@ -77,6 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             append_trace(args.trace, mark_interrupted(Trace(header, steps)))
         raise
     if args.trace:  # the whole generation in one locked append: concurrent runs never interleave
+        header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
         append_trace(args.trace, Trace(header, steps))
     _print_result(args, target, cfg, result, source)
     return 0

@@ -1,5 +1,17 @@
 """One step generator for every mode: vanilla (a round with no draft), static (EAGLE-1) and dynamic
-(EAGLE-2). Each round reads as named phases: draft -> build tree -> verify -> accept & commit."""
+(EAGLE-2). Each round reads as named phases: draft -> build tree -> verify -> accept & commit.
+
+A `Decoder` holds the models, the config and the plans (the static tree); everything one generation
+changes (caches, RNG, the draft's root feature, counters) is a `DecodeState` that `steps` makes, so
+one Decoder runs any number of generations, even interleaved.
+
+Public surface (what eagle/tools/, the app and notebooks may import; the rest is internal):
+    Decoder, DecodeState, generate, Generation   decoding and its result
+    encode_prompt, check_prompt, PromptError     the prompt: chat template and the one length check
+    TokenTexts                                   memoised token id -> text
+    new_drafter (-> Drafter)                     the draft head and its cache, as a round uses them
+    draft_round                                  one dynamic round's drafting, as the Decoder runs it
+"""
 from __future__ import annotations
 
 import time
@@ -12,10 +24,16 @@ from .adaptive import RoundCosts, best_tree_size
 from .config import DecodeConfig
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
+from .kvcache import KVCache
+from .stats import tau, tokens_per_second
 from .target import Target
 from .trace import NodeRecord, StepRecord
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
 from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
+
+
+__all__ = ["DecodeState", "Decoder", "Drafter", "Generation", "PromptError", "TokenTexts", "check_prompt", "draft_round",
+           "encode_prompt", "generate", "new_drafter"]
 
 
 class PromptError(ValueError):
@@ -47,26 +65,54 @@ class TokenTexts:
         return text
 
 
+def check_prompt(ids: list[int], max_context: int) -> None:
+    """The one prompt check: PromptError unless the prompt has tokens and leaves room to generate."""
+    if not ids:
+        raise PromptError("The prompt is empty: type something to generate from.")
+    if len(ids) >= max_context:
+        raise PromptError(f"The prompt is {len(ids)} tokens but the model's context holds {max_context} "
+                          "(and needs room to generate): shorten it.")
+
+
 def encode_prompt(tokenizer, prompt: str | list[dict], max_context: int, chat: bool = True) -> list[int]:
     """Apply the chat template (to one user message or a list of messages) and check the length."""
     if isinstance(prompt, str) and not prompt.strip():
-        raise PromptError("The prompt is empty: type something to generate from.")
+        check_prompt([], max_context)  # blank text is empty, whatever the template would add
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     else:
         ids = tokenizer.encode(messages[-1]["content"])
-    if len(ids) >= max_context:
-        raise PromptError(f"The prompt is {len(ids)} tokens but the model's context holds {max_context} "
-                          "(and needs room to generate): shorten it.")
+    check_prompt(list(ids), max_context)
     return list(ids)
+
+
+@dataclass
+class DecodeState:
+    """Everything one generation changes: the caches, the sampling RNG, the draft's root feature and
+    the counters. `Decoder.steps` makes one per generation, so one Decoder (models, config, plans)
+    can run many generations, interleaved or not, without them touching each other."""
+    max_len: int  # cache slots this generation may use (prompt + max_new_tokens + one tree)
+    t_cache: KVCache  # the target's
+    generator: torch.Generator  # CPU: acceptance runs on the host
+    drafter: Drafter | None  # the draft head's cache and vocabulary (None in vanilla)
+    root_hidden: torch.Tensor | None = None  # (1, H) the draft's predicted feature at the root
+    root: int = -1  # the last token the target produced: the next round's tree root
+    produced: int = 0  # new tokens so far
+    step: int = 0  # the next record's step number
+
+    def advance(self, record: StepRecord) -> None:
+        """After a record: its bonus token is the next root, its tokens count as produced."""
+        self.root, self.produced, self.step = record.bonus_token, self.produced + len(record.new_tokens), \
+            record.step + 1
 
 
 class Decoder:
     """Target + optional draft head + config; `steps(prompt_ids)` yields one StepRecord per round.
     With `costs` (dynamic mode only), each round verifies as many of its best candidates as pay for
-    themselves, up to config.total_tokens (see eagle.adaptive)."""
+    themselves, up to config.total_tokens (see eagle.adaptive). The Decoder holds no per-generation
+    state (that is a DecodeState, made by `steps`)."""
 
     def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig,
                  costs: RoundCosts | None = None) -> None:
@@ -89,96 +135,89 @@ class Decoder:
     # ---- the loop -------------------------------------------------------------------------------
     def steps(self, prompt_ids: list[int]) -> Iterator[StepRecord]:
         """Decode from prompt_ids; the last record has `finished` set. Closing the generator stops."""
-        self._setup(prompt_ids)
-        record, root = self._prefill(prompt_ids)
+        state = self._new_state(prompt_ids)
+        record = self._prefill(state, prompt_ids)
+        state.advance(record)
         yield record
-        produced, step = 1, 1
         while not record.finished:
-            record, root = self._step(step, root, produced)
-            produced, step = produced + len(record.new_tokens), step + 1
+            record = self._step(state)
+            state.advance(record)
             yield record
 
-    def _setup(self, prompt_ids: list[int]) -> None:
+    def _new_state(self, prompt_ids: list[int]) -> DecodeState:
         cfg, tgt = self.cfg, self.target
-        if not prompt_ids:
-            raise PromptError("The prompt is empty: type something to generate from.")
-        if len(prompt_ids) >= tgt.max_context:
-            raise PromptError(f"The prompt is {len(prompt_ids)} tokens but the model's context holds "
-                              f"{tgt.max_context} (and needs room to generate): shorten it.")
-        self.max_len = min(tgt.max_context, len(prompt_ids) + cfg.max_new_tokens + cfg.total_tokens + 1)
-        self.t_cache = tgt.new_cache(self.max_len)
-        self.generator = torch.Generator().manual_seed(cfg.seed)  # CPU: acceptance runs on the host
-        self.drafter = None
+        check_prompt(prompt_ids, tgt.max_context)
+        max_len = min(tgt.max_context, len(prompt_ids) + cfg.max_new_tokens + cfg.total_tokens + 1)
+        drafter = None
         if cfg.mode != "vanilla":
             static_nodes = 0 if self.static_plan is None else self.static_plan.parents.numel()
             extra = cfg.depth * cfg.top_k + static_nodes  # draft slots for tree nodes past the prefix
-            self.drafter = Drafter(self.head, tgt.model.lm_head.weight, self.max_len + extra, cfg.draft_vocab)
+            drafter = new_drafter(tgt, self.head, max_len + extra, cfg.draft_vocab)
+        return DecodeState(max_len, tgt.new_cache(max_len), torch.Generator().manual_seed(cfg.seed), drafter)
 
-    def _prefill(self, prompt_ids: list[int]) -> tuple[StepRecord, int]:
+    def _prefill(self, s: DecodeState, prompt_ids: list[int]) -> StepRecord:
         t0 = time.perf_counter()
         ids = torch.tensor([prompt_ids], device=self.target.device)
         n = ids.shape[1]
-        logits, features = self.target.forward(ids, torch.arange(n, device=ids.device)[None], self.t_cache, 0,
+        logits, features = self.target.forward(ids, torch.arange(n, device=ids.device)[None], s.t_cache, 0,
                                                logits_rows=slice(-1, None), feature_layers=self.feature_layers)
-        self.t_cache.length = n
-        token = self._choose(logits[0])
-        if self.drafter is not None:  # pairs (f_t, x_{t+1}) for the whole prompt
+        s.t_cache.length = n
+        token = self._choose(s, logits[0])
+        if s.drafter is not None:  # pairs (f_t, x_{t+1}) for the whole prompt
             nxt = torch.cat([ids[0, 1:], torch.tensor([token], device=ids.device)])
-            self.root_hidden = self.drafter.consume(nxt, features[0])
+            s.root_hidden = s.drafter.consume(nxt, features[0])
         finished = self._finish_reason([token], 0)
-        record = StepRecord(step=0, mode=self.cfg.mode, nodes=[], accepted=[], bonus_token=token,
-                            bonus_text=self.texts(token), new_tokens=[token], new_text=self.texts(token),
-                            accept_length=1, timings={"prefill": self._now() - t0}, finished=finished)
-        return record, token
+        return StepRecord(step=0, mode=self.cfg.mode, nodes=[], accepted=[], bonus_token=token,
+                          bonus_text=self.texts(token), new_tokens=[token], new_text=self.texts(token),
+                          accept_length=1, timings={"prefill": self._now() - t0}, finished=finished)
 
-    def _step(self, step: int, root: int, produced: int) -> tuple[StepRecord, int]:
+    def _step(self, s: DecodeState) -> StepRecord:
         t0 = self._now()
-        cand, kept, tree = self._draft_and_build(root, self._budget())
+        cand, kept, tree = self._draft_and_build(s, self._budget(s))
         t1 = self._now()
-        logits, features = self._verify(tree)
-        accepted, bonus, node_probs = self._accept(tree, logits, cand, kept)
+        logits, features = self._verify(s, tree)
+        accepted, bonus, node_probs = self._accept(s, tree, logits, cand, kept)
         t2 = self._now()
-        rnd = Round(root, cand, kept, tree, accepted, bonus, node_probs)
+        rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs)
         new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
-        finished = self._finish_reason(new_tokens, produced)
+        finished = self._finish_reason(new_tokens, s.produced)
         if not finished:
-            self._commit(rnd, features, new_tokens)
-            finished = "context" if self.t_cache.length >= self.max_len - 1 else None
+            self._commit(s, rnd, features, new_tokens)
+            finished = "context" if s.t_cache.length >= s.max_len - 1 else None
         t3 = self._now()
         timings = {"draft": t1 - t0, "verify": t2 - t1, "commit": t3 - t2}
-        return self._record(step, rnd, new_tokens, produced, timings, finished), bonus
+        return self._record(s.step, rnd, new_tokens, timings, finished)
 
     # ---- phases ---------------------------------------------------------------------------------
-    def _budget(self) -> int:
+    def _budget(self, s: DecodeState) -> int:
         """Nodes to verify this round, shrunk so the tree never overflows the cache."""
-        return max(1, min(self.cfg.total_tokens, self.max_len - self.t_cache.length))
+        return max(1, min(self.cfg.total_tokens, s.max_len - s.t_cache.length))
 
-    def _draft_and_build(self, root: int, budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree]:
+    def _draft_and_build(self, s: DecodeState, budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree]:
         dev = self.target.device
-        if self.drafter is None or budget == 1:
-            return None, None, build_tree(torch.tensor([root], device=dev), torch.tensor([-1], device=dev))
+        if s.drafter is None or budget == 1:
+            return None, None, build_tree(torch.tensor([s.root], device=dev), torch.tensor([-1], device=dev))
         if self.static_plan is not None:
-            gen = None if self.cfg.greedy else self.generator
-            cand = draft_static(self.drafter, self.root_hidden, self.static_plan, generator=gen)
+            gen = None if self.cfg.greedy else s.generator
+            cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen)
             kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
         else:
-            cand = draft_dynamic(self.drafter, self.root_hidden, self.cfg.depth, self.cfg.top_k)
-            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
+            cand, kept = _draft_dynamic_kept(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, budget)
             if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
                 values = cand.scores[kept].exp().sort(descending=True).values
-                n = best_tree_size(values, self.costs, self.t_cache.length)
+                n = best_tree_size(values, self.costs, s.t_cache.length)
                 kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1)
-        return cand, kept, tree_from_candidates(root, cand, kept)
+        return cand, kept, _tree_from_candidates(s.root, cand, kept)
 
-    def _verify(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.t_cache.length
+    def _verify(self, s: DecodeState, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        start = s.t_cache.length
         positions = (start + tree.depths)[None]
         mask = tree.mask if tree.num_nodes > 1 else None
-        logits, features = self.target.forward(tree.tokens[None], positions, self.t_cache, start, mask,
+        logits, features = self.target.forward(tree.tokens[None], positions, s.t_cache, start, mask,
                                                feature_layers=self.feature_layers)
         return logits[0], features[0]  # (N, V), (N, H)
 
-    def _accept(self, tree: Tree, logits: torch.Tensor, cand: Candidates | None,
+    def _accept(self, s: DecodeState, tree: Tree, logits: torch.Tensor, cand: Candidates | None,
                 kept: torch.Tensor | None) -> tuple[list[int], int, torch.Tensor]:
         cfg = self.cfg
         parents = tree.parents.clamp(min=0)
@@ -188,31 +227,31 @@ class Decoder:
             lse = torch.logsumexp(logits.float(), dim=-1)  # (N,)
             return accepted, bonus, (logits[parents, tree.tokens].float() - lse[parents]).exp()
         probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
-        cpu_tree = tree_to(tree, "cpu")
+        cpu_tree = _tree_to(tree, "cpu")
         if cand is None or cand.draft_probs is None:
             conf = torch.ones(tree.num_nodes) if cand is None else \
                 torch.cat([torch.ones(1), cand.logp[kept].exp().cpu()])
-            accepted, bonus = accept_sampling_dynamic(cpu_tree, probs, conf, self.generator)
+            accepted, bonus = accept_sampling_dynamic(cpu_tree, probs, conf, s.generator)
         else:
             q = cand.draft_probs[: tree.num_nodes].cpu()
-            accepted, bonus = accept_sampling_static(cpu_tree, probs, q, self.generator)
+            accepted, bonus = accept_sampling_static(cpu_tree, probs, q, s.generator)
         return accepted, bonus, probs[parents.cpu(), tree.tokens.cpu()]
 
-    def _commit(self, rnd: Round, features: torch.Tensor, new_tokens: list[int]) -> None:
+    def _commit(self, s: DecodeState, rnd: Round, features: torch.Tensor, new_tokens: list[int]) -> None:
         dev = self.target.device
         idx = torch.tensor(rnd.accepted, device=dev)
-        self.t_cache.commit(self.t_cache.length + idx)
-        if self.drafter is not None:  # the draft catches up with the target's real features
-            self.root_hidden = self.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
+        s.t_cache.commit(s.t_cache.length + idx)
+        if s.drafter is not None:  # the draft catches up with the target's real features
+            s.root_hidden = s.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
 
     # ---- helpers --------------------------------------------------------------------------------
-    def _choose(self, logits_row: torch.Tensor) -> int:
+    def _choose(self, s: DecodeState, logits_row: torch.Tensor) -> int:
         """The next token from a (1, V) logits row: argmax, or a sample of the processed target."""
         if self.cfg.greedy:
             return int(logits_row[-1].argmax())
         probs = process_logits(logits_row[-1].float(), self.cfg.temperature, self.cfg.top_p,
                                self.cfg.top_k_sampling).cpu()
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(torch.multinomial(probs, 1, generator=s.generator))
 
     def _finish_reason(self, new_tokens: list[int], produced: int) -> str | None:
         """Cut new_tokens (in place) at EOS or the token budget and say why decoding ends."""
@@ -228,9 +267,9 @@ class Decoder:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _record(self, step: int, rnd: Round, new_tokens: list[int], produced: int,
-                timings: dict[str, float], finished: str | None) -> StepRecord:
-        nodes, accepted_ids = trace_nodes(rnd, self.texts)
+    def _record(self, step: int, rnd: Round, new_tokens: list[int], timings: dict[str, float],
+                finished: str | None) -> StepRecord:
+        nodes, accepted_ids = _trace_nodes(rnd, self.texts)
         return StepRecord(step=step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
                           bonus_token=rnd.bonus, bonus_text=self.texts(rnd.bonus), new_tokens=new_tokens,
                           new_text=self.target.tokenizer.decode(new_tokens), accept_length=len(rnd.accepted),
@@ -238,7 +277,37 @@ class Decoder:
 
 
 # ---- pure helpers ---------------------------------------------------------------------------------
-def tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor) -> Tree:
+def new_drafter(target: Target, head: DraftHead, max_len: int, draft_vocab: int = 0,
+                stand_in: bool = False) -> Drafter:
+    """The draft head with a cache of max_len slots, scoring the draft_vocab most frequent tokens
+    (0: all). A head without token counts cannot pick that subset and scores the full vocabulary;
+    with stand_in the first draft_vocab ids take the subset's place (for timing a round: its cost
+    depends only on the subset's size)."""
+    drafter = Drafter(head, target.model.lm_head.weight, max_len, draft_vocab)
+    if stand_in and draft_vocab and drafter.vocab_ids is None and draft_vocab < drafter.vocab_size:
+        drafter.vocab_ids = torch.arange(draft_vocab, device=target.device)
+        drafter.weight = target.model.lm_head.weight[:draft_vocab]
+    return drafter
+
+
+def draft_round(drafter: Drafter, root_hidden: torch.Tensor, root: int, depth: int, top_k: int, nodes: int,
+                texts: TokenTexts) -> list[NodeRecord]:
+    """One dynamic (EAGLE-2) round's drafting as the Decoder runs it, for tools that time or inspect
+    a round: draft, rerank to the nodes - 1 best candidates, build the verification tree and record
+    every drafted node (nothing verified yet, so nothing accepted)."""
+    cand, kept = _draft_dynamic_kept(drafter, root_hidden, depth, top_k, nodes)
+    tree = _tree_from_candidates(root, cand, kept)
+    return _trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
+
+
+def _draft_dynamic_kept(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k: int,
+                        nodes: int) -> tuple[Candidates, torch.Tensor]:
+    """EAGLE-2's draft, then its rerank to the nodes - 1 best candidates (the root is the n-th)."""
+    cand = draft_dynamic(drafter, root_hidden, depth, top_k)
+    return cand, rerank(cand.scores, cand.parents, cand.depths, nodes - 1)
+
+
+def _tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor) -> Tree:
     """The verification tree: the root, then the kept candidates (kept is parents-first)."""
     dev = cand.tokens.device
     slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=dev)
@@ -249,12 +318,12 @@ def tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor) -> Tre
     return build_tree(tokens, torch.cat([torch.tensor([-1], device=dev), parents]))
 
 
-def tree_to(tree: Tree, device: str | torch.device) -> Tree:
+def _tree_to(tree: Tree, device: str | torch.device) -> Tree:
     return Tree(**{f: getattr(tree, f).to(device) for f in ("tokens", "parents", "depths", "mask",
                                                             "retrieve", "leaves")})
 
 
-def trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[int]]:
+def _trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[int]]:
     """Every drafted node as a trace record (node id = candidate index + 1; the root is 0), and the
     accepted path as node ids. One host transfer per field."""
     root = NodeRecord(0, -1, 0, rnd.root, texts(rnd.root), 1.0, 1.0, 0, True, True, None)
@@ -290,12 +359,13 @@ class Generation:
 
     @property
     def tau(self) -> float:
-        """New tokens per target forward pass (the prefill counts as one)."""
-        return len(self.tokens) / max(1, self.target_forwards)
+        """New tokens per target forward pass (the prefill counts as one; eagle.stats.tau)."""
+        return tau(len(self.tokens), self.target_forwards)
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+        """New tokens over the generation's wall-clock seconds (eagle.stats.tokens_per_second)."""
+        return tokens_per_second(len(self.tokens), self.seconds)
 
 
 def generate(decoder: Decoder, prompt_ids: list[int], on_step=None) -> Generation:

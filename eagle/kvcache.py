@@ -34,9 +34,6 @@ class KVCache:
         self.v.index_copy_(3, dst, self.v.index_select(3, slots))
         self.length += n
 
-    def truncate(self, length: int) -> None:
-        self.length = length
-
 
 class CacheWriter:
     """Duck-types the `update` method Hugging Face attention modules call on their cache argument."""

@@ -37,10 +37,12 @@ class Exploration:
 
     @property
     def tau(self) -> float:
+        """New tokens per target forward, prefill included (eagle.stats)."""
         return self.generation.tau
 
     @property
     def tokens_per_second(self) -> float:
+        """New tokens over the generation's wall-clock seconds (eagle.stats)."""
         return self.generation.tokens_per_second
 
     def nodes(self) -> pd.DataFrame:
@@ -97,9 +99,9 @@ class Explorer:
         if cfg.mode == "dynamic" and budget != "fixed":
             cfg, costs, _ = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
         result = generate(Decoder(target, head, cfg, costs), ids)
-        header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
-                             {"dtype": dtype_name(target.dtype), "device": target.device.type},
-                             **head_identity(head))
+        header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),  # seconds: the wall time
+                             {"dtype": dtype_name(target.dtype), "device": target.device.type,
+                              "seconds": result.seconds}, **head_identity(head))
         text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         return Exploration(text, result, Trace(header, result.steps), cfg, source)
 

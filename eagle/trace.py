@@ -35,7 +35,7 @@ import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from .files import atomic_write, locked_append
 
@@ -336,8 +336,3 @@ def read_trace(path: str | Path) -> tuple[list[Trace], ReadReport]:
     report.interrupted = sum(t.interrupted for t in traces)
     return traces, report
 
-
-def iter_steps(traces: list[Trace]) -> Iterator[tuple[int, StepRecord]]:
-    for i, trace in enumerate(traces):
-        for step in trace.steps:
-            yield i, step

@@ -8,6 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from eagle.adaptive import RoundCosts
 from eagle.config import DecodeConfig
 from eagle.decode import Decoder, PromptError, encode_prompt, generate
 from eagle.head import HeadMismatchError, load_head, new_head, save_head
@@ -198,6 +199,42 @@ def test_bad_prompts_are_refused_clearly(target):
         encode_prompt(target.tokenizer, "  ", target.max_context)
     with pytest.raises(PromptError, match="context holds"):
         encode_prompt(target.tokenizer, "word " * 9000, target.max_context)
+
+
+def _records(steps) -> list[dict]:
+    """Step records without their timings' values (wall times differ run to run; the phases do not)."""
+    return [{**asdict(s), "timings": sorted(s.timings)} for s in steps]
+
+
+def _interleaved(decoder: Decoder, prompts: list[list[int]]) -> list[list]:
+    """Run one step generator per prompt on the same Decoder, one next() each in turn."""
+    gens, out = [decoder.steps(p) for p in prompts], [[] for _ in prompts]
+    live = set(range(len(prompts)))
+    while live:
+        for i in sorted(live):
+            record = next(gens[i], None)
+            if record is None:
+                live.discard(i)
+            else:
+                out[i].append(record)
+    return out
+
+
+@pytest.mark.parametrize("mode, temperature, adaptive", [
+    ("vanilla", 0.0, False), ("static", 0.0, False), ("dynamic", 0.0, False), ("dynamic", 0.0, True),
+    ("vanilla", 0.8, False), ("static", 0.8, False), ("dynamic", 0.8, False)])
+def test_one_decoder_runs_interleaved_generations(mode, temperature, adaptive, single_thread):
+    """Per-generation state lives in a DecodeState, not the Decoder: generations interleaved step by
+    step on one Decoder give exactly what separate Decoders give (tokens and every trace record),
+    the same prompt twice included (each generation has its own sampling RNG)."""
+    target, head = tiny_pair(vocab=12, seed=2, eos=None)
+    costs = RoundCosts((1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6), fixed=0.3, alpha=1.0) if adaptive else None
+    cfg = DecodeConfig(mode=mode, max_new_tokens=20, temperature=temperature, seed=7, **SMALL)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [1, 2, 3]]
+    alone = [_records(generate(Decoder(target, head, cfg, costs), p).steps) for p in prompts]
+    shared = [_records(steps) for steps in _interleaved(Decoder(target, head, cfg, costs), prompts)]
+    assert shared == alone
+    assert len(alone[0]) > 2 and alone[0] != alone[1]  # several rounds each, and different generations
 
 
 def test_long_generation_stops_at_the_context_limit(single_thread):

@@ -6,12 +6,12 @@ from dataclasses import replace
 import streamlit as st
 
 from analysis.figures import accept_length_figure, tree_figure
-from analysis.tables import mode_summary, steps_frame
+from analysis.tables import mode_summary, steps_frame, trace_seconds
 from app import exports, render, runner, state
 from app.persist import save, seed
 from app.settings import settings_form
 from eagle.config import DecodeConfig
-from eagle.decode import PromptError
+from eagle.decode import PromptError, encode_prompt
 from eagle.trace import Trace
 
 MODES = ("static", "dynamic")
@@ -64,7 +64,7 @@ def show_results(results: dict[str, Trace]) -> None:
     steps = steps_frame(traces)
     st.subheader("Side by side")
     # One column per mode, one row per measure: thirteen measures side by side would not fit.
-    summary = mode_summary(steps).set_index("mode").T.astype(float).round(3)
+    summary = mode_summary(steps, trace_seconds(traces)).set_index("mode").T.astype(float).round(3)
     st.dataframe(summary, key="cmp_summary", width="stretch")
     hist = accept_length_figure(steps)
     render.show_figure(hist, key="cmp_hist")
@@ -85,8 +85,10 @@ def main() -> None:
         st.error(error)
         return
     if clicked:
-        if not prompt.strip():
-            st.error("The prompt is empty: type something to generate from.")
+        try:  # the decoder's one prompt check, before the previous results are cleared
+            encode_prompt(models.target.tokenizer, prompt, models.target.max_context)
+        except PromptError as err:
+            st.error(str(err))
             return
         run_both(models, prompt, cfg, st.columns(2))
     results = st.session_state.get(RESULTS)

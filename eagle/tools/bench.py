@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from .budget import tuned_config
 from .specbench import export_spec_bench, format_speedups, speedups
+from ..stats import mean, speedup, tau, tokens_per_second
 from ..checks import check_argv, check_output, check_runtime_args
 from ..loading import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
 from ..config import MODES, DecodeConfig
@@ -35,6 +36,7 @@ from ..decode import Decoder, encode_prompt, generate
 from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from ..head import head_sha256
 from ..questions import Question, load_questions, select_questions
+from ..markdown import markdown_table
 from ..lossless import first_divergence, is_precision_flip, logit_gap_at
 from ..target import DTYPES, Target, dtype_name
 from ..trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
@@ -365,37 +367,36 @@ def _rounds(results: list[Result]) -> list[int]:
 
 
 def mode_stats(results: list[Result]) -> dict:
-    """Totals over generations: tokens/s is total tokens over total wall time (not a mean of ratios);
-    tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per token, PLD fewer)."""
+    """Totals over generations, by eagle.stats: tokens/s is total tokens over total wall time (not a
+    mean of ratios); tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per
+    token, PLD fewer)."""
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
     forwards = sum(r.forwards for r in results)
-    rounds = _rounds(results)
     return {"generations": len(results), "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": tokens / seconds if seconds > 0 else math.nan,
-            "tau": tokens / forwards if forwards else math.nan,
-            "mean_accept_length": sum(rounds) / len(rounds) if rounds else math.nan}
+            "tokens_per_second": tokens_per_second(tokens, seconds), "tau": tau(tokens, forwards),
+            "mean_accept_length": mean(_rounds(results))}
 
 
-def _reference(stats: dict[str, dict], bench: Bench, kind: str, dtype: str) -> str | None:
+def _reference(by_mode: dict[str, dict], bench: Bench, kind: str, dtype: str) -> str | None:
     """The label of the first mode of `kind` at `dtype` that has results."""
     return next((sp.label for sp in bench.specs if sp.kind == kind and bench.dtype(sp) == dtype
-                 and stats.get(sp.label, {}).get("generations")), None)
+                 and by_mode.get(sp.label, {}).get("generations")), None)
 
 
-def _with_speedups(stats: dict[str, dict], bench: Bench) -> dict[str, dict]:
+def _with_speedups(by_mode: dict[str, dict], bench: Bench) -> dict[str, dict]:
     """speedup: vs vanilla at the same dtype; speedup_vs_hf: vs HF generate at the same dtype;
     speedup_vs_hf_fp32: vs HF generate in fp32, how a user runs it by default."""
     def ratio(s: dict, ref: str | None) -> float:
-        return s["tokens_per_second"] / stats[ref]["tokens_per_second"] if ref else math.nan
-    hf32 = _reference(stats, bench, "hf", "float32")
+        return speedup(s["tokens_per_second"], by_mode[ref]["tokens_per_second"] if ref else math.nan)
+    hf32 = _reference(by_mode, bench, "hf", "float32")
     for spec in bench.specs:
-        s, dtype = stats[spec.label], bench.dtype(spec)
+        s, dtype = by_mode[spec.label], bench.dtype(spec)
         s["dtype"] = dtype
-        s["speedup"] = ratio(s, _reference(stats, bench, "vanilla", dtype))
-        s["speedup_vs_hf"] = ratio(s, _reference(stats, bench, "hf", dtype))
+        s["speedup"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
+        s["speedup_vs_hf"] = ratio(s, _reference(by_mode, bench, "hf", dtype))
         s["speedup_vs_hf_fp32"] = ratio(s, hf32)
-    return stats
+    return by_mode
 
 
 def divergences(results: list[Result], bench: Bench) -> list[dict]:
@@ -497,29 +498,26 @@ def _cells(s: dict) -> list[str]:
     return [_fmt(s.get(key), spec) for _, key, spec in COLUMNS]
 
 
-def format_table(stats: dict[str, dict], first: str = "mode") -> str:
+def format_table(by_mode: dict[str, dict], first: str = "mode") -> str:
     widths = [max(len(h), 8) for h, _, _ in COLUMNS]
     head = f"{first:<24} " + " ".join(f"{h:>{w}}" for (h, _, _), w in zip(COLUMNS, widths))
     lines = [head, "-" * len(head)]
-    for name, s in stats.items():
+    for name, s in by_mode.items():
         lines.append(f"{name:<24} " + " ".join(f"{c:>{w}}" for c, w in zip(_cells(s), widths)))
     return "\n".join(lines)
 
 
-def markdown_table(stats: dict[str, dict]) -> str:
-    cols = ["mode", *(h for h, _, _ in COLUMNS)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for name, s in stats.items():
-        lines.append("| " + " | ".join([f"`{name}`", *_cells(s)]) + " |")
-    return "\n".join(lines)
+def modes_markdown(by_mode: dict[str, dict]) -> str:
+    return markdown_table(["mode", *(h for h, _, _ in COLUMNS)],
+                          ([f"`{name}`", *_cells(s)] for name, s in by_mode.items()))
 
 
 def summary_markdown(summary: dict) -> str:
     parts = [f"questions {summary['questions']}, generations {summary['generations']}, greedy "
              f"{summary['greedy']}, threads {summary['threads']}, head {summary['head']}",
-             "", markdown_table(summary["modes"])]
-    for cat, stats in summary["categories"].items():
-        parts += ["", f"**{cat}**", "", markdown_table(stats)]
+             "", modes_markdown(summary["modes"])]
+    for cat, by_mode in summary["categories"].items():
+        parts += ["", f"**{cat}**", "", modes_markdown(by_mode)]
     if summary["mismatches"] is not None:
         parts += ["", f"greedy outputs differing from same-dtype vanilla: {summary['mismatches']}"]
         parts += [f"- `{d['mode']}` question {d['question_id']} turn {d['turn']}: token {d['position']}, "
@@ -529,9 +527,9 @@ def summary_markdown(summary: dict) -> str:
 
 def print_report(summary: dict) -> None:
     print(format_table(summary["modes"]))
-    for cat, stats in summary["categories"].items():
+    for cat, by_mode in summary["categories"].items():
         print(f"\n[{cat}]")
-        print(format_table(stats))
+        print(format_table(by_mode))
     if summary["mismatches"] is not None:
         print(f"\ngreedy outputs differing from same-dtype vanilla (generations): {summary['mismatches']}")
         for d in summary["divergences"]:

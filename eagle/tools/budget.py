@@ -5,8 +5,9 @@ would accept from recorded draft trees, and pick the budget with the most expect
                                                                        + per-round overhead)
 
 Costs are measured with the decoder's own functions (target forward + softmax for verification;
-draft_dynamic + rerank + tree building + trace bookkeeping for drafting) and cached per model, torch
-thread count and device under $EAGLE_CACHE (default ~/.cache/eagle2-explorer/costs/).
+eagle.decode.draft_round, a round's draft + rerank + tree building + trace bookkeeping, for drafting)
+and cached per model, torch thread count and device under $EAGLE_CACHE (default
+~/.cache/eagle2-explorer/costs/).
 
 E[accept length] comes from a *replay*: a calibration run drafts a large tree (depth CAL_DEPTH,
 top_k CAL_TOP_K, CAL_TOTAL verified nodes) and records every candidate's value and whether it was
@@ -31,18 +32,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..stats import speedup, tokens_per_second
 from ..adaptive import RoundCosts, interpolate
 from ..config import DecodeConfig
-from ..decode import Decoder, Round, TokenTexts, encode_prompt, generate, trace_nodes, tree_from_candidates
-from ..draft import Drafter, draft_dynamic
+from ..decode import Decoder, Drafter, TokenTexts, draft_round, encode_prompt, generate, new_drafter
 from ..files import atomic_write_json, read_json_or_none
 from ..head import DraftHead
 from ..head3 import Eagle3Head
 from ..target import Target, cache_dir, device_name
 from ..questions import load_questions
 from ..timing import time_interleaved
-from ..trace import StepRecord, Trace
-from ..tree import rerank
+from ..trace import StepRecord
 
 # Dense at small n: on the 2-core CPU, MKL's fp32 matmul costs about the same for 1-3 rows and steps up
 # at 4 (t(3) = 83 ms, t(4) = 108), a step that interpolation between sparse points would hide.
@@ -128,16 +128,6 @@ def save_costs(costs: Costs) -> Path:
     return path
 
 
-def _drafter(target: Target, head: DraftHead, max_len: int, vocab: int) -> Drafter:
-    """A drafter scoring `vocab` rows. A head without token counts (a random head) cannot pick its
-    subset, but the cost depends only on the subset's size, so the first `vocab` ids stand in."""
-    drafter = Drafter(head, target.model.lm_head.weight, max_len, vocab)
-    if vocab and drafter.vocab_ids is None and vocab < drafter.vocab_size:
-        drafter.vocab_ids = torch.arange(vocab, device=target.device)
-        drafter.weight = target.model.lm_head.weight[:vocab]
-    return drafter
-
-
 class _Probe:
     """A prefix in the target's and the draft's caches, to time rounds at a realistic length."""
 
@@ -163,7 +153,9 @@ class _Probe:
         return run
 
     def drafter(self, top_k: int, vocab: int, depth: int) -> tuple[Drafter, torch.Tensor]:
-        d = _drafter(self.target, self.head, self.prefix_len + depth * top_k + 8, vocab)
+        # stand_in: a head without token counts (a random head) cannot pick its subset, but the cost
+        # depends only on the subset's size, so the first `vocab` ids stand in
+        d = new_drafter(self.target, self.head, self.prefix_len + depth * top_k + 8, vocab, stand_in=True)
         root_hidden = d.consume(self.ids[1:], self.features[0, :-1])
         return d, root_hidden
 
@@ -171,12 +163,8 @@ class _Probe:
         drafter, root_hidden = self.drafter(top_k, vocab, depth)
 
         def run() -> None:
-            with torch.inference_mode():
-                cand = draft_dynamic(drafter, root_hidden, depth, top_k)
-                kept = rerank(cand.scores, cand.parents, cand.depths, min(cand.tokens.numel(), 15))
-                tree = tree_from_candidates(int(self.ids[0]), cand, kept)
-                rnd = Round(int(self.ids[0]), cand, kept, tree, [0], 0, torch.zeros(tree.num_nodes))
-                trace_nodes(rnd, self.texts)
+            with torch.inference_mode():  # a 16-node tree (rerank keeps at most the drafted candidates)
+                draft_round(drafter, root_hidden, int(self.ids[0]), depth, top_k, 16, self.texts)
         return run
 
     def overhead(self) -> Callable[[], None]:
@@ -285,11 +273,6 @@ def samples_from_steps(steps: list[StepRecord]) -> list[StepSample]:
     return out
 
 
-def samples_from_traces(traces: list[Trace]) -> list[StepSample]:
-    """Replay samples from recorded traces (e.g. a bench's traces/dynamic.jsonl, read_trace)."""
-    return [s for t in traces for s in samples_from_steps(t.steps)]
-
-
 def _children(s: StepSample) -> dict[int, np.ndarray]:
     """parent -> its recorded children, best rank first."""
     order = np.lexsort((s.rank, s.parent))  # by parent, then rank
@@ -383,12 +366,6 @@ class AcceptModel:
         return model
 
 
-def expected_accept_length(model: AcceptModel, total_tokens: int, depth: int, top_k: int,
-                           draft_vocab: int = 0) -> float:
-    """E[accepted length per round] (bonus token included) for one budget."""
-    return model(total_tokens, depth, top_k, draft_vocab)
-
-
 # ---- the choice -------------------------------------------------------------------------------
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,
                   ns: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
@@ -401,7 +378,7 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     ns = ns or getattr(model, "ns", NS)
     depths = depths or getattr(model, "depths", DEPTHS)
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
-    vanilla = 1.0 / costs.t_verify(1, context)  # plain decoding: one token per one-token forward
+    vanilla = tokens_per_second(1, costs.t_verify(1, context))  # plain decoding: a token per forward
     rows = []
     for n in (x for x in ns if x > 1):
         for depth in depths:
@@ -410,8 +387,9 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
                     continue
                 accept, cost = model(n, depth, k, draft_vocab), costs.round_cost(n, depth, k, draft_vocab, context)
                 rows.append({"total_tokens": n, "depth": depth, "top_k": k, "draft_vocab": draft_vocab,
-                             "accept_length": accept, "round_s": cost, "tokens_per_s": accept / cost,
-                             "speedup": accept / cost / vanilla})
+                             "accept_length": accept, "round_s": cost,
+                             "tokens_per_s": tokens_per_second(accept, cost),
+                             "speedup": speedup(tokens_per_second(accept, cost), vanilla)})
     if not rows:
         raise ValueError("no budget in the grid fits: give total_tokens above 1")
     rows.sort(key=lambda r: (-r["tokens_per_s"], r["total_tokens"], r["depth"], r["top_k"]))
@@ -469,7 +447,7 @@ def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, voc
                   for c in sorted(costs.verify_by_context)]
     same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
     return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
-            "vanilla_tokens_per_s": 1.0 / costs.t_verify(1),
+            "vanilla_tokens_per_s": tokens_per_second(1, costs.t_verify(1)),
             "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,
             "chosen": {f: best[f] for f in BUDGET_KEYS},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],

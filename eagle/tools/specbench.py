@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from ..stats import mean_rate, speedup
 from ..files import atomic_write
 from ..trace import Trace, read_trace
 
@@ -90,17 +91,17 @@ def read_answers(path: Path) -> list[dict]:
 
 
 def mean_speed(answers: list[dict]) -> float:
-    """Spec-Bench's score: the mean over questions of the question's tokens over its wall time."""
-    speeds = [sum(a["choices"][0]["new_tokens"]) / sum(a["choices"][0]["wall_time"]) for a in answers
-              if sum(a["choices"][0]["wall_time"]) > 0]
-    return sum(speeds) / len(speeds) if speeds else math.nan
+    """Spec-Bench's score: the mean over questions of the question's tokens over its wall time
+    (eagle.stats.mean_rate)."""
+    return mean_rate((sum(a["choices"][0]["new_tokens"]), sum(a["choices"][0]["wall_time"]))
+                           for a in answers)
 
 
 def speedups(files: dict[str, Path], baseline: str = "vanilla") -> dict[str, dict]:
     """Per mode: Spec-Bench's mean tokens/s and its speed-up over `baseline` (nan without one)."""
     speeds = {mode: mean_speed(read_answers(path)) for mode, path in files.items()}
     base = speeds.get(baseline, math.nan)
-    return {mode: {"spec_bench_tokens_per_second": s, "spec_bench_speedup": s / base if base > 0 else math.nan}
+    return {mode: {"spec_bench_tokens_per_second": s, "spec_bench_speedup": speedup(s, base)}
             for mode, s in speeds.items()}
 
 
