@@ -25,9 +25,9 @@ def _tokens(target, head, prompt_ids, **cfg):
 
 @pytest.fixture(scope="module")
 def vanilla_refs(target, mt_prompts):
-    """Plain greedy continuations of 10 MT-bench first turns, 128 new tokens each."""
+    """Plain greedy continuations of 8 MT-bench first turns (one per category), 128 new tokens each."""
     refs = []
-    for q in mt_prompts[::8][:10]:  # one or two per category
+    for q in mt_prompts[::10]:  # the file is grouped by category, 10 questions each
         ids = encode_prompt(target.tokenizer, q["turns"][0], target.max_context)
         refs.append((ids, _tokens(target, None, ids, mode="vanilla", max_new_tokens=128).tokens))
     return refs
@@ -36,7 +36,9 @@ def vanilla_refs(target, mt_prompts):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_greedy_equals_vanilla_with_random_head(target, random_head, vanilla_refs, mode):
-    for ids, ref in vanilla_refs:
+    # A random head is rejected almost everywhere, so every round exercises the bonus-token and cache-rollback
+    # path; four categories (writing, reasoning, coding, stem) cover it, the trained head runs all eight.
+    for ids, ref in vanilla_refs[::2]:
         assert _tokens(target, random_head, ids, mode=mode, max_new_tokens=128, **SMALL).tokens == ref
 
 

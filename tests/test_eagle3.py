@@ -16,7 +16,7 @@ from eagle.head import DraftHead, head_identity, head_sha256, load_head, new_hea
 from eagle.head3 import Eagle3Head
 from eagle.tools.budget import auto_config
 from eagle.trace import Trace, TraceHeader, read_trace, write_trace
-from eagle.training.features import extract_features, prepare_features
+from eagle.training.features import extract_features, load_shards, prepare_features
 from eagle.training.train import train_head
 from tests.tiny import tiny_target
 
@@ -265,8 +265,14 @@ def test_prepare_train_and_decode_with_an_eagle3_head(target, tmp_path):
     assert torch.equal(torch.cat([shard["features"][first], shard["target_features"][first]], -1), both)
     with pytest.raises(ValueError, match="head_type='eagle3'"):  # a resume of another type names the field
         prepare_features(target, feats, n_conversations=4, max_len=64, heldout_fraction=0.3, shard_size=2)
-    with pytest.raises(ValueError, match="head_type eagle3"):
-        train_head(target, feats, tmp_path / "wrong", steps=1, progress=False)  # an eagle1 run on eagle3 features
+    # The same extraction serves an EAGLE-1 head: it reads the last-layer features, exactly what its own
+    # prepare would store (the ablation's "same data").
+    seqs = load_shards(feats, "train", last_layer_only=True)
+    assert torch.equal(seqs[0].features, shard["target_features"][first]) and seqs[0].targets is None
+    eagle1 = train_head(target, feats, tmp_path / "eagle1", steps=1, batch=2, warmup=1, progress=False,
+                        eval_samples=2)
+    assert math.isfinite(eagle1["last_train"]["loss"])
+    assert load_head(tmp_path / "eagle1" / "head", target).kind == "eagle1"
 
     summary = train_head(target, feats, tmp_path / "train", steps=3, lr=1e-3, batch=2, warmup=1, progress=False,
                          eval_samples=2, ttt_steps=2, loss="token", head_type="eagle3", draft_vocab_size=512)

@@ -546,6 +546,14 @@ def test_damaged_features_are_one_sentence(tiny_dir, tiny_features, tmp_path, ca
     assert message in _one_sentence(capsys.readouterr().err)
 
 
+def test_an_eagle3_run_on_eagle1_features_is_one_sentence(tiny_dir, tiny_features, tmp_path, capsys):
+    """EAGLE-1 features lack the three fused layers an EAGLE-3 head reads (the reverse works: see test_eagle3)."""
+    args = _train_args(tiny_features, tmp_path / "run", "--head-type", "eagle3", "--loss", "token")
+    assert commands.main([*args, "--model", str(tiny_dir)]) == 2
+    assert "prepared for head_type eagle1" in _one_sentence(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
 # ---- train: kill -9, a changed recipe or data, a head already there ----------------------------
 TRAIN = dict(steps=6, lr=1e-3, batch=2, warmup=1, vocab_k=64, eval_samples=2, eval_every=0, checkpoint_every=2,
              progress=False)

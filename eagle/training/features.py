@@ -263,17 +263,22 @@ class Sequence:
     targets: torch.Tensor | None = None  # EAGLE-3: (T, H) post-norm last features (None: `features` are those)
 
 
-def load_shards(features_dir: str | Path, split: str) -> list[Sequence]:
-    """All samples of one split, in shard order (fp16 features stay fp16 to halve memory)."""
+def load_shards(features_dir: str | Path, split: str, last_layer_only: bool = False) -> list[Sequence]:
+    """All samples of one split, in shard order (fp16 features stay fp16 to halve memory).
+    last_layer_only reads an EAGLE-3 directory as an EAGLE-1/2 head sees it: its `target_features` are
+    exactly the post-norm last hidden states an EAGLE-1 prepare stores, so both head types can train on
+    one extraction (the ablation's "same data")."""
     seqs = []
     for path in sorted(Path(features_dir).glob(f"{split}-*.safetensors")):
         shard = read_tensors(path, "run prepare again on this --features to extract it anew")
         if not SHARD_KEYS <= set(shard):
             raise ValueError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
         offsets = shard["offsets"].tolist()
-        last = shard.get("target_features")
+        feats, last = shard["features"], shard.get("target_features")
+        if last_layer_only and last is not None:
+            feats, last = last, None
         for a, b in zip(offsets[:-1], offsets[1:]):
-            seqs.append(Sequence(shard["input_ids"][a:b].long(), shard["features"][a:b], shard["loss_mask"][a:b],
+            seqs.append(Sequence(shard["input_ids"][a:b].long(), feats[a:b], shard["loss_mask"][a:b],
                                  None if last is None else last[a:b]))
     return seqs
 

@@ -106,8 +106,10 @@ def _train_step(head: AnyHead, opt: torch.optim.Optimizer, batch: dict[str, torc
     return {k: float(v.detach()) for k, v in losses.items()}
 
 
-def _load_data(features_dir: Path, log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
-    train, heldout = load_shards(features_dir, "train"), load_shards(features_dir, "heldout")
+def _load_data(features_dir: Path, head_type: str,
+               log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
+    last_only = head_type == "eagle1"  # an EAGLE-3 extraction carries the EAGLE-1 features too
+    train, heldout = load_shards(features_dir, "train", last_only), load_shards(features_dir, "heldout", last_only)
     counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
@@ -166,9 +168,10 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
 
 
 def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path) -> None:
-    """The features must be the ones the head type reads, and an EAGLE-3 head has no feature to regress."""
+    """The features must be the ones the head type reads (an EAGLE-3 extraction also holds the EAGLE-1
+    features), and an EAGLE-3 head has no feature to regress."""
     prepared = (manifest or {}).get("head_type", "eagle1")
-    if prepared != cfg.head_type:
+    if prepared != cfg.head_type and prepared != "eagle3":
         raise ValueError(f"{features_dir} holds features prepared for head_type {prepared} (manifest.json), not "
                          f"{cfg.head_type}: run prepare --head-type {cfg.head_type} into another --features.")
     if cfg.head_type == "eagle3" and cfg.loss != "token":
@@ -181,7 +184,7 @@ def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path
 def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
                   final_dir: str | Path | None, progress: bool) -> dict:
     log = run_logger("train", out_dir / "train.log")
-    train, heldout, counts = _load_data(features_dir, log)
+    train, heldout, counts = _load_data(features_dir, cfg.head_type, log)
     draft_ids = top_token_ids(counts, cfg.draft_vocab_size) if cfg.head_type == "eagle3" else None
     head = _init_head(target, cfg.seed, cfg.head_type, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
