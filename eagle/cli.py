@@ -23,7 +23,7 @@ from .tools.tokenmap import export_token_map
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
-DELEGATED = ("bench", "prepare", "train", "distill")
+DELEGATED = ("bench", "prepare", "train", "evaluate", "distill")
 
 
 def read_prompt(prompt: str) -> str:

@@ -575,6 +575,23 @@ def test_train_killed_mid_run_resumes_to_the_same_head(tiny_dir, tiny_target, ti
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
 
 
+def test_evaluate_scores_a_saved_head_as_train_did(tiny_dir, tiny_target, tiny_features, tmp_path, capsys):
+    summary = train.train_head(tiny_target, tiny_features, tmp_path / "run", **TRAIN)
+    out = tmp_path / "metrics.json"
+    args = ["evaluate", "--head", str(tmp_path / "run" / "head"), "--features", str(tiny_features), "--batch", "2",
+            "--vocab-k", "64", "--json", str(out), "--model", str(tiny_dir), "--dtype", "float32"]
+    assert commands.main(args) == 0
+    got = json.loads(out.read_text())
+    assert got == json.loads(capsys.readouterr().out)
+    assert got["heldout_samples"] == summary["heldout_samples"] and got["positions"] == summary["heldout"]["positions"]
+    for key in ("top1", "acc_step2", "acc_step4", "ce", "ce_full"):
+        assert got[key] == pytest.approx(summary["heldout"][key], rel=1e-5), key  # fp32 sums in another order
+    assert commands.main(args) == 2  # the metrics file is not overwritten
+    assert "already exists" in _one_sentence(capsys.readouterr().err)
+    assert commands.main([*args[:2], str(tmp_path), *args[3:-6]]) == 2
+    assert "no head there" in _one_sentence(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("change, field", [({"lr": 2e-3}, "lr=0.001 (this run: 0.002)"),
                                            ({"features": "other"}, "features="), ({"seed": 1}, "seed=0")])
 def test_train_resume_with_another_recipe_or_data_is_refused(tiny_target, tiny_features, tmp_path, change, field):

@@ -1,4 +1,4 @@
-"""`python -m eagle prepare|train|distill`: argparse for the training side, run inside
+"""`python -m eagle prepare|train|evaluate|distill`: argparse for the training side, run inside
 eagle.files.run_guarded (a bad input is one sentence and exit code 2). eagle.cli hands these commands here."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..checks import check_argv, check_output, check_runtime_args
-from ..files import run_guarded
+from ..files import atomic_write, run_guarded
 from ..head import HEAD_KINDS
 from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
 from .features import check_features, prepare_features
 from .objective import LOSSES
-from .train import TrainConfig, train_head
+from .train import TrainConfig, evaluate_head, train_head
 
 
 
@@ -110,11 +110,29 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                head_type=args.head_type, draft_vocab_size=args.draft_vocab_size)
 
 
+def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--head", required=True, help="the head directory to score")
+    p.add_argument("--batch", type=int, default=8, help="(%(default)s)")
+    p.add_argument("--vocab-k", type=int, default=TrainConfig.vocab_k,
+                   help="soft-CE vocabulary of the reported ce, as in train (%(default)s)")
+    p.add_argument("--samples", type=int, default=0, help="only the first N held-out samples (0 = all)")
+    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+
+
+def _run_evaluate(args: argparse.Namespace, target: Target) -> None:
+    metrics = evaluate_head(target, args.head, args.features, args.batch, args.vocab_k, args.samples)
+    text = json.dumps(metrics, indent=2)
+    if args.json:
+        atomic_write(Path(args.json), (text + "\n").encode("utf-8"))
+    print(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"prepare": "extract target features (optionally self-distilling the replies first)",
                 "train": "train the head on extracted features",
+                "evaluate": "held-out accuracy per draft step of a saved head on a features directory",
                 "distill": "regenerate ShareGPT first replies with the target into a resumable store"}
     for name, help_text in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -136,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--head-type", choices=HEAD_KINDS, default="eagle1",
                        help="eagle1: the EAGLE-1/2 head (last feature); eagle3: three target layers fused, own "
                             "vocabulary, token loss (%(default)s)")
-        (_add_prepare_args if name == "prepare" else _add_train_args)(p)
+        {"prepare": _add_prepare_args, "train": _add_train_args, "evaluate": _add_evaluate_args}[name](p)
     return parser
 
 
@@ -144,7 +162,16 @@ def _check_paths(args: argparse.Namespace) -> None:
     """Inputs that must exist and outputs that must be directories, checked before the model loads."""
     if getattr(args, "sharegpt", None) and not Path(args.sharegpt).is_file():
         raise FileNotFoundError(f"--sharegpt {args.sharegpt}: no such file")
-    if args.command == "train":
+    if args.command == "evaluate":
+        check_features(Path(args.features))
+        if not (Path(args.head) / "config.json").is_file():
+            raise FileNotFoundError(f"--head {args.head}: no head there (config.json missing)")
+        if args.json:
+            check_output(Path(args.json), "--json", directory=False)
+            if Path(args.json).exists():
+                raise ValueError(f"--json {args.json} already exists: give another file name or delete it.")
+        outputs = {}
+    elif args.command == "train":
         check_features(Path(args.features))
         outputs = {"--out": args.out, "--final-dir": args.final_dir}
         if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:
@@ -172,5 +199,6 @@ def _main(argv: list[str]) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
-    {"prepare": _run_prepare, "train": _run_train, "distill": _run_distill}[args.command](args, target)
+    runs = {"prepare": _run_prepare, "train": _run_train, "evaluate": _run_evaluate, "distill": _run_distill}
+    runs[args.command](args, target)
     return 0

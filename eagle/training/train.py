@@ -167,13 +167,17 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
         return _train_locked(target, features_dir, out_dir, cfg, final_dir, progress)
 
 
-def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path) -> None:
-    """The features must be the ones the head type reads (an EAGLE-3 extraction also holds the EAGLE-1
-    features), and an EAGLE-3 head has no feature to regress."""
+def _check_features_for(head_type: str, manifest: dict | None, features_dir: Path) -> None:
+    """The features must be the ones the head type reads (an EAGLE-3 extraction also holds the EAGLE-1 ones)."""
     prepared = (manifest or {}).get("head_type", "eagle1")
-    if prepared != cfg.head_type and prepared != "eagle3":
+    if prepared != head_type and prepared != "eagle3":
         raise ValueError(f"{features_dir} holds features prepared for head_type {prepared} (manifest.json), not "
-                         f"{cfg.head_type}: run prepare --head-type {cfg.head_type} into another --features.")
+                         f"{head_type}: run prepare --head-type {head_type} into another --features.")
+
+
+def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path) -> None:
+    """Features the head type reads, and an EAGLE-3 head has no feature to regress."""
+    _check_features_for(cfg.head_type, manifest, features_dir)
     if cfg.head_type == "eagle3" and cfg.loss != "token":
         raise ValueError(f"--loss {cfg.loss}: an EAGLE-3 head predicts tokens, not features; use --loss token.")
     if cfg.draft_vocab_size and cfg.head_type != "eagle3":
@@ -200,12 +204,9 @@ def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainC
         head.load_state_dict(_trainable_state(init), strict=False)
         log.info("warm start from %s", cfg.init)
     log.info("training %d -> %d steps, config %s", start, cfg.steps, asdict(cfg))
-    lm_full = target.model.lm_head.weight.detach().float()
-    # the target's distribution is scored over the rows the draft can propose: an EAGLE-3 head's own vocabulary
-    lm_weight = lm_full[head.target_ids()].contiguous() if head.kind == "eagle3" else \
-        reduced_lm_weight(target, counts.to(target.device), cfg.vocab_k)
+    lm_full, lm_weight = _lm_weights(target, head, counts, cfg.vocab_k)
     began = time.perf_counter()
-    amp = None if target.dtype == torch.float32 else target.dtype  # train at the precision the target runs in
+    amp = _amp(target)
     done, last = _train_loop(head, opt, gen, train, heldout, lm_weight, lm_full, cfg, start, out_dir, progress, amp)
     wall = time.perf_counter() - began
     save_checkpoint(ckpt, head, opt, done, gen)
@@ -223,6 +224,40 @@ def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainC
         log.info("saved head to %s", dest)
     atomic_write_json(out_dir / "summary.json", summary)
     return summary
+
+
+def _lm_weights(target: Target, head: AnyHead, counts: torch.Tensor, vocab_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's full lm_head (fp32) and the rows the training CE is scored over: an EAGLE-3 head's own
+    vocabulary, else the vocab_k most frequent training tokens (0: all)."""
+    lm_full = target.model.lm_head.weight.detach().float()
+    if head.kind == "eagle3":
+        return lm_full, lm_full[head.target_ids()].contiguous()
+    return lm_full, reduced_lm_weight(target, counts.to(target.device), vocab_k)
+
+
+def _amp(target: Target) -> torch.dtype | None:
+    return None if target.dtype == torch.float32 else target.dtype  # train at the precision the target runs in
+
+
+def evaluate_head(target: Target, head_dir: str | Path, features_dir: str | Path, batch: int = 8,
+                  vocab_k: int = TrainConfig.vocab_k, samples: int = 0) -> dict:
+    """Held-out metrics of a saved head on a features directory, computed exactly as train's final
+    evaluation (top-1 and acc_step1..4 of the unrolled draft, CE): heads trained on other data compare
+    on one held-out set. samples > 0 uses only the first N held-out samples."""
+    features_dir = Path(features_dir)
+    manifest = check_features(features_dir)
+    head = load_head(head_dir, target)
+    _check_features_for(head.kind, manifest, features_dir)
+    heldout = load_shards(features_dir, "heldout", last_layer_only=head.kind == "eagle1")
+    if not heldout:
+        raise ValueError(f"{features_dir} has no held-out samples: prepare it with --heldout-fraction > 0.")
+    heldout = heldout[:samples] if samples > 0 else heldout
+    counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+    lm_full, lm_weight = _lm_weights(target, head, counts, vocab_k)
+    metrics = evaluate(head, heldout, lm_weight, lm_full, batch, full_ce=True, amp=_amp(target),
+                       loss="token" if head.kind == "eagle3" else "eagle1")
+    return {"head": str(head_dir), "head_type": head.kind, "features": str(features_dir),
+            "heldout_samples": len(heldout), **metrics}
 
 
 def _train_loop(head: AnyHead, opt: torch.optim.Optimizer, gen: torch.Generator, train: list[Sequence],
