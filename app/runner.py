@@ -32,7 +32,13 @@ def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[i
 
 
 def prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
-    """Encode and build the decoder; PromptError / ValueError carry a one-sentence message."""
+    """Encode and build the decoder; PromptError / ValueError carry a one-sentence message. On the torch
+    thread: building a decoder makes tensors, and one parallel fill on this script thread would give it an
+    OpenMP pool that stays alive while it waits for the rounds, throttling the torch thread's (app.worker)."""
+    return worker.call(_prepare, models, prompt, cfg)
+
+
+def _prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
     ids = encode_prompt(models.target.tokenizer, prompt, models.target.max_context)
     decoder = Decoder(models.target, models.head, cfg)
     return decoder, ids, new_trace(models, prompt, cfg, ids)

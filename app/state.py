@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import streamlit as st
@@ -43,6 +42,9 @@ class Models:
     target: Target
     head: AnyHead
     head_source: str
+    # head_type and head_version (the weights hash) for trace headers: hashed once, at load, on the torch
+    # thread (hashing converts every weight, a torch call no script thread may make: app.worker)
+    head_identity: dict[str, str | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -52,11 +54,6 @@ class Models:
     @property
     def head_label(self) -> str:
         return f"trained head ({short_path(self.head_source)})" if self.head_trained else "random head"
-
-    @cached_property
-    def head_identity(self) -> dict[str, str | None]:
-        """head_type and head_version (the weights hash) for trace headers, hashed once per load."""
-        return head_identity(self.head)
 
     @property
     def head_type_label(self) -> str:
@@ -79,7 +76,8 @@ _LOAD_LOCK = threading.Lock()  # two sessions asking for a new pair at once load
 def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
     def load() -> Models:
         target = load_target(model, dtype=dtype)
-        return Models(target, *resolve_head(target, head))
+        loaded, source = resolve_head(target, head)
+        return Models(target, loaded, source, head_identity(loaded))
     with _LOAD_LOCK:
         return worker.call(load)  # on the app's torch thread, as all torch work (app.worker)
 
