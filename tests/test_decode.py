@@ -37,9 +37,10 @@ def vanilla_refs(target, mt_prompts):
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_greedy_equals_vanilla_with_random_head(target, random_head, vanilla_refs, mode):
     # A random head is rejected almost everywhere, so every round exercises the bonus-token and cache-rollback
-    # path; four categories (writing, reasoning, coding, stem) cover it, the trained head runs all eight.
+    # path: four categories (writing, reasoning, coding, stem) x 64 tokens cover it; the trained head, whose
+    # long accepted paths reach deeper into the cache, runs all eight categories x 128 tokens.
     for ids, ref in vanilla_refs[::2]:
-        assert _tokens(target, random_head, ids, mode=mode, max_new_tokens=128, **SMALL).tokens == ref
+        assert _tokens(target, random_head, ids, mode=mode, max_new_tokens=64, **SMALL).tokens == ref[:64]
 
 
 @pytest.mark.slow
