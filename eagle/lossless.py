@@ -31,8 +31,21 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 @torch.inference_mode()
 def top2_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[list[int], float]:
     """The target's two best tokens for new token `position` of the greedy `reference` continuation
-    and their logit gap (top-1 minus top-2): the prefix as one forward, then the last token alone,
-    as vanilla decoding runs it."""
+    and their logit gap (top-1 minus top-2), as vanilla decoding computes them."""
+    top = logits_at(target, prompt_ids, reference, position).topk(2)
+    return [int(i) for i in top.indices], float(top.values[0] - top.values[1])
+
+
+def choice_gap_at(target: Target, prompt_ids: list[int], reference: list[int], position: int, token: int) -> float:
+    """How far below vanilla's choice the target put `token` (the one another decoder took there): the
+    logit of reference[position] minus token's. In a three-way bf16 tie the runner-up can be a third token."""
+    logits = logits_at(target, prompt_ids, reference, position)
+    return float(logits[reference[position]] - logits[token])
+
+
+def logits_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> torch.Tensor:
+    """The target's fp32 logits (V,) for new token `position` of `reference`: the prefix as one forward,
+    then the last token alone, as vanilla decoding runs it."""
     seq = list(prompt_ids) + list(reference[:position])
     dev = target.device
     cache = target.new_cache(len(seq) + 1)
@@ -40,8 +53,7 @@ def top2_at(target: Target, prompt_ids: list[int], reference: list[int], positio
     if len(seq) > 1:
         target.forward(ids[:, :-1], torch.arange(len(seq) - 1, device=dev)[None], cache, 0, logits_rows=slice(0, 0))
     logits, _ = target.forward(ids[:, -1:], torch.tensor([[len(seq) - 1]], device=dev), cache, len(seq) - 1)
-    top = logits[0, -1].float().topk(2)
-    return [int(i) for i in top.indices], float(top.values[0] - top.values[1])
+    return logits[0, -1].float()
 
 
 def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> float:

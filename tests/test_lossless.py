@@ -6,7 +6,7 @@ import torch
 from eagle.config import DecodeConfig
 from eagle.decode import Decoder, encode_prompt, generate
 from eagle.head import load_head, shipped_head_path
-from eagle.lossless import NEAR_TIE_LOGIT_GAP, first_divergence, is_precision_flip, logit_gap_at, top2_at
+from eagle.lossless import NEAR_TIE_LOGIT_GAP, choice_gap_at, first_divergence, is_precision_flip, logit_gap_at
 from eagle.target import load_target
 
 def test_divergence_rules() -> None:
@@ -37,8 +37,9 @@ def bf16_pair():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, budget", [("dynamic", dict(total_tokens=24, depth=5, top_k=6)), ("static", {})])
 def test_bf16_greedy_parts_from_vanilla_only_at_near_ties(bf16_pair, mt_prompts, mode, budget) -> None:
-    """Where bf16 EAGLE output leaves bf16 vanilla, the target's choice there was a near-tie and EAGLE
-    took the runner-up. Measured (shipped head, 8 MT-bench prompts x 64 tokens, 2026-12-03): 6 of 8
+    """Where bf16 EAGLE output leaves bf16 vanilla, EAGLE took a token the target scored within a near-tie
+    of vanilla's choice (usually the runner-up; with head v4, question 91, a third token in an exact
+    three-way tie). Measured (head v3, 8 MT-bench prompts x 64 tokens, 2026-12-03): 6 of 8
     prompts part within 64 tokens, static and dynamic mostly at the same position, every gap <= 0.25
     (one or two bf16 ulps; with fp32 logits every gap was < 0.07). A 135M model's greedy path is full
     of near-ties, so bf16 cannot promise equal text; it can promise no flip at a clear margin."""
@@ -51,5 +52,7 @@ def test_bf16_greedy_parts_from_vanilla_only_at_near_ties(bf16_pair, mt_prompts,
         if pos is None:
             continue
         assert pos < min(len(out), len(ref)), "one output stopped early while the other went on"
-        top2, gap = top2_at(target, ids, ref, pos)
-        assert out[pos] in top2 and is_precision_flip(target.dtype, gap), (q["question_id"], pos, gap)
+        # |gap|: this recomputation runs the prefix as one forward, not token by token as vanilla did, so in
+        # bf16 its logits differ from vanilla's by about an ulp and the sign can flip (measured: -0.25, q 81)
+        gap = choice_gap_at(target, ids, ref, pos, out[pos])
+        assert is_precision_flip(target.dtype, abs(gap)), (q["question_id"], pos, gap)

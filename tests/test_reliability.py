@@ -839,8 +839,10 @@ def test_two_generate_runs_on_one_trace_never_mix(tiny_cli, tmp_path):
 
 def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_path):
     path = tmp_path / "t.jsonl"
-    args = [*tiny_cli, "--max-new-tokens", "1500", "--trace", str(path)]
-    for _ in range(3):  # the tiny model can finish all 1500 tokens before the signal lands: try again
+    args = [*tiny_cli, "--max-new-tokens", "1900", "--trace", str(path)]
+    # The tiny model can finish before the signal lands (its first printable text may come late, and under
+    # a parallel suite it did, three times in a row, with 1500 tokens): try again, with longer runs.
+    for _ in range(5):
         path.unlink(missing_ok=True)
         proc = _eagle(*args)
         proc.stdout.read(1)  # the prefill token is out: the generation is under way
@@ -850,7 +852,7 @@ def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_
             break
     assert code == 130 and "Traceback" not in proc.stderr.read()
     traces, report = read_trace(path)
-    assert traces[0].steps[-1].finished == INTERRUPTED and 1 <= len(traces[0].steps) < 1500
+    assert traces[0].steps[-1].finished == INTERRUPTED and 1 <= len(traces[0].steps) < 1900
     assert traces[0].header.meta["interrupted"] is True and traces[0].interrupted and report.interrupted == 1
     _, messages = load_traces(path)
     assert any("interrupted before they finished" in m for m in messages)
