@@ -419,8 +419,11 @@ def _env() -> dict:
 
 
 def _eagle(*args: str) -> subprocess.Popen:
+    # An xdist worker may ignore SIGINT, and an ignored signal stays ignored in its children (Python then
+    # installs no KeyboardInterrupt handler): give the CLI the default disposition a user's shell gives it.
     return subprocess.Popen([sys.executable, "-m", "eagle", *args], cwd=ROOT, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 # A job run in a subprocess that SIGKILLs itself in the middle of its work: at the n-th forward of
