@@ -28,7 +28,6 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-@torch.inference_mode()
 def top2_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[list[int], float]:
     """The target's two best tokens for new token `position` of the greedy `reference` continuation
     and their logit gap (top-1 minus top-2), as vanilla decoding computes them."""
@@ -43,6 +42,7 @@ def choice_gap_at(target: Target, prompt_ids: list[int], reference: list[int], p
     return float(logits[reference[position]] - logits[token])
 
 
+@torch.inference_mode()
 def logits_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> torch.Tensor:
     """The target's fp32 logits (V,) for new token `position` of `reference`: the prefix as one forward,
     then the last token alone, as vanilla decoding runs it."""

@@ -15,7 +15,7 @@ from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
 from .features import check_features, prepare_features
-from .objective import LOSSES
+from .objective import LOSSES, default_loss
 from .train import TrainConfig, evaluate_head, train_head
 
 
@@ -106,7 +106,7 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
                eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
                max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite, ttt_steps=args.ttt_steps,
-               ttt_decay=args.ttt_decay, loss=args.loss or ("token" if args.head_type == "eagle3" else "eagle1"),
+               ttt_decay=args.ttt_decay, loss=args.loss or default_loss(args.head_type),
                head_type=args.head_type, draft_vocab_size=args.draft_vocab_size)
 
 

@@ -66,6 +66,11 @@ def eagle_loss(pred: torch.Tensor, target: torch.Tensor, lm_weight: torch.Tensor
 
 
 LOSSES = ("eagle1", "token")  # eagle1: SmoothL1 + ce_weight * soft CE; token: soft CE only (EAGLE-3)
+
+
+def default_loss(head_type: str) -> str:
+    """The loss a head type trains with unless told otherwise: an EAGLE-3 head has no feature to regress."""
+    return "token" if head_type == "eagle3" else "eagle1"
 EVAL_STEPS = 4  # held-out accuracy is reported per draft step 1..EVAL_STEPS under the unrolled draft
 
 

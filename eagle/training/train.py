@@ -19,7 +19,8 @@ from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_appe
 from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_tensors, save_head, top_token_ids
 from ..target import Target, dtype_name
 from .features import Sequence, check_features, load_shards
-from .objective import autocast_for, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss, unroll
+from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
+                        unroll)
 
 
 
@@ -106,11 +107,19 @@ def _train_step(head: AnyHead, opt: torch.optim.Optimizer, batch: dict[str, torc
     return {k: float(v.detach()) for k, v in losses.items()}
 
 
+def _split(features_dir: Path, split: str, head_type: str) -> list[Sequence]:
+    """One split as a head of this type reads it (an EAGLE-3 extraction carries the EAGLE-1 features too)."""
+    return load_shards(features_dir, split, last_layer_only=head_type == "eagle1")
+
+
+def _read_counts(features_dir: Path) -> torch.Tensor:
+    return read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+
+
 def _load_data(features_dir: Path, head_type: str,
                log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
-    last_only = head_type == "eagle1"  # an EAGLE-3 extraction carries the EAGLE-1 features too
-    train, heldout = load_shards(features_dir, "train", last_only), load_shards(features_dir, "heldout", last_only)
-    counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+    train, heldout = _split(features_dir, "train", head_type), _split(features_dir, "heldout", head_type)
+    counts = _read_counts(features_dir)
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
     return train, heldout, counts
@@ -248,14 +257,13 @@ def evaluate_head(target: Target, head_dir: str | Path, features_dir: str | Path
     manifest = check_features(features_dir)
     head = load_head(head_dir, target)
     _check_features_for(head.kind, manifest, features_dir)
-    heldout = load_shards(features_dir, "heldout", last_layer_only=head.kind == "eagle1")
+    heldout = _split(features_dir, "heldout", head.kind)
     if not heldout:
         raise ValueError(f"{features_dir} has no held-out samples: prepare it with --heldout-fraction > 0.")
     heldout = heldout[:samples] if samples > 0 else heldout
-    counts = read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
-    lm_full, lm_weight = _lm_weights(target, head, counts, vocab_k)
+    lm_full, lm_weight = _lm_weights(target, head, _read_counts(features_dir), vocab_k)
     metrics = evaluate(head, heldout, lm_weight, lm_full, batch, full_ce=True, amp=_amp(target),
-                       loss="token" if head.kind == "eagle3" else "eagle1")
+                       loss=default_loss(head.kind))
     return {"head": str(head_dir), "head_type": head.kind, "features": str(features_dir),
             "heldout_samples": len(heldout), **metrics}
 
