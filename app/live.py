@@ -128,8 +128,11 @@ class Throttle:
 
 
 def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots) -> Trace | None:
+    def waiting() -> None:  # behind another session's generation
+        slots.chart.info(runner.WAIT_MESSAGE)
+
     try:
-        decoder, ids, trace = runner.prepare(models, prompt, cfg)
+        decoder, ids, trace = runner.prepare(models, prompt, cfg, waiting)
     except (PromptError, ValueError) as err:
         st.error(str(err))
         return None
@@ -149,7 +152,7 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
             slots.chart.plotly_chart(render.fit_tree(tree_figure(step)), theme=None, width="stretch")
         return bool(st.session_state.get(STOP))
 
-    runner.run(models, decoder, ids, trace, on_step, on_wait=lambda: slots.chart.info(runner.WAIT_MESSAGE))
+    runner.run(models, decoder, ids, trace, on_step, on_wait=waiting)
     state.add_trace(trace)
     return trace
 

@@ -1,11 +1,15 @@
-"""Generation for the pages: one round at a time, under the process-wide lock.
+"""Generation for the pages: the torch thread decodes ahead while the script thread draws.
 
 The decoder and the model are shared by every session, so a whole generation holds models.lock.
+Decoding and drawing overlap: the torch thread (app.worker) runs round after round into a queue, and the
+script thread takes each record from it, so a redraw no longer stalls the decoder for its duration.
 A Streamlit rerun (the user typed more, pressed Stop, moved a widget) stops the script thread at its
 next element update, while the new run starts at once on another thread: the try/finally below then
-closes the step generator and frees the lock, which the new run is polling for."""
+stops the decoder after its round in flight and frees the lock, which the new run is polling for."""
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import asdict
 from typing import Callable
@@ -31,11 +35,13 @@ def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[i
     return Trace(header, [])
 
 
-def prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
+def prepare(models: Models, prompt: str, cfg: DecodeConfig,
+            on_wait: OnWait = lambda: None) -> tuple[Decoder, list[int], Trace]:
     """Encode and build the decoder; PromptError / ValueError carry a one-sentence message. On the torch
     thread: building a decoder makes tensors, and one parallel fill on this script thread would give it an
-    OpenMP pool that stays alive while it waits for the rounds, throttling the torch thread's (app.worker)."""
-    return worker.call(_prepare, models, prompt, cfg)
+    OpenMP pool that stays alive while it waits for the rounds, throttling the torch thread's (app.worker).
+    Behind another session's generation it waits there, calling on_wait."""
+    return worker.wait(worker.submit(_prepare, models, prompt, cfg), on_wait)
 
 
 def _prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
@@ -48,11 +54,12 @@ def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
         on_step: OnStep, on_wait: OnWait) -> Trace:
     """Decode into `trace` (filled in place, so a caller that keeps it sees partial progress)."""
     _acquire(models, on_wait)
-    steps = decoder.steps(ids)
+    records: queue.Queue = queue.Queue()
+    stop = threading.Event()
     t0 = time.perf_counter()
+    decoding = worker.submit(_decode_ahead, decoder, ids, records, stop)
     try:
-        # Each round runs on the app's torch thread (app.worker says why); drawing stays on this one.
-        while (record := worker.call(next, steps, None)) is not None:
+        while (record := records.get()) is not _END:
             if is_complete(trace):  # marked stopped by this session's next script run
                 break
             trace.steps.append(record)
@@ -61,9 +68,29 @@ def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
                 _stamp(trace, t0, "stopped")
                 break
     finally:
-        worker.call(steps.close)
-        models.lock.release()
+        stop.set()
+        try:
+            decoding.result()  # the round in flight ends, the generator closes; a decoder error is raised
+        finally:
+            models.lock.release()
     return trace
+
+
+_END = object()  # the queue's last item: the generation ended, stopped or failed
+
+
+def _decode_ahead(decoder: Decoder, ids: list[int], records: queue.Queue, stop: threading.Event) -> None:
+    """On the torch thread: every round's record into `records` as it finishes, until the generation
+    ends or `stop` is set (checked between rounds, so stopping costs at most the round in flight)."""
+    steps = decoder.steps(ids)
+    try:
+        for record in steps:
+            records.put(record)
+            if stop.is_set():
+                break
+    finally:
+        steps.close()
+        records.put(_END)
 
 
 def _acquire(models: Models, on_wait: OnWait) -> None:

@@ -11,7 +11,8 @@ decoding round. A stray tensor operation on a script thread would make a second 
 MKL's process-wide thread count, so the decoding thread would lose its second core.)"""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, TypeVar
 
 import streamlit as st
@@ -24,7 +25,22 @@ def _torch_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle-torch")
 
 
+def submit(fn: Callable[..., T], *args, **kwargs) -> Future[T]:
+    """Queue fn on the torch thread; calls run one after another, in the order submitted."""
+    return _torch_thread().submit(fn, *args, **kwargs)
+
+
 def call(fn: Callable[..., T], *args, **kwargs) -> T:
     """Run fn on the torch thread and wait for it (its exception, if any, is raised here)."""
-    return _torch_thread().submit(fn, *args, **kwargs).result()
+    return submit(fn, *args, **kwargs).result()
+
+
+def wait(future: Future[T], on_wait: Callable[[], None], poll_s: float = 0.25) -> T:
+    """future's result, calling on_wait every poll_s while it is queued or running: a call queued behind
+    another session's generation keeps its page live (and interruptible by a rerun) meanwhile."""
+    while True:
+        try:
+            return future.result(timeout=poll_s)
+        except FutureTimeout:
+            on_wait()
 

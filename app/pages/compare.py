@@ -23,13 +23,14 @@ def run_both(models: state.Models, prompt: str, cfg: DecodeConfig, cols: list) -
     st.session_state[RESULTS] = results  # filled as we go, so an interrupted run still shows its part
     st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1  # fresh sliders for fresh traces
     for mode, col in zip(MODES, cols):
+        slot = col.empty()
         try:
-            decoder, ids, trace = runner.prepare(models, prompt, replace(cfg, mode=mode))
+            decoder, ids, trace = runner.prepare(models, prompt, replace(cfg, mode=mode),
+                                                 on_wait=lambda slot=slot: slot.info(runner.WAIT_MESSAGE))
         except (PromptError, ValueError) as err:
             st.error(str(err))
             return
         results[mode] = trace
-        slot = col.empty()
 
         def on_step(tr: Trace, slot=slot, mode=mode) -> bool:
             slot.caption(f"{mode}: round {len(tr.steps) - 1}, {len(runner.generation(tr).tokens)} tokens…")
