@@ -6,6 +6,7 @@ import html
 import math
 import unicodedata
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -241,34 +242,59 @@ def _edge_xy(pairs: list[tuple[int, int]], pos: dict[int, tuple[float, float]]) 
     return xs, ys
 
 
-def tree_figure(step: StepRecord, show_pruned: bool = True, label_limit: int = 12) -> go.Figure:
-    """One round's draft tree, left to right: nodes labelled with token text and confidence, coloured
-    by confidence; reranked-away nodes (kept=False) faded; the accepted path in red; the bonus token
-    (the target's own next token) as an extra diamond node at the end of that path."""
+@dataclass(frozen=True)
+class TreeParts:
+    """What every drawing of one round's tree needs: the placed nodes, their positions, the two kinds
+    of edge and the title. tree_figure (plotly) and tree_svg (the live stream) both draw from it."""
+    nodes: list[NodeRecord]  # drafted nodes with a position (pruned ones only if asked for)
+    bonus: NodeRecord
+    pos: dict[int, tuple[float, float]]  # id -> (level, row)
+    edges: list[tuple[int, int]]  # (parent, child) off the accepted path
+    path_edges: list[tuple[int, int]]  # the accepted path, bonus included
+    accepted: set[int]
+    title: str
+    subtitle: str
+
+    @property
+    def rows(self) -> int:
+        return 1 + int(max((y for _, y in self.pos.values()), default=0))
+
+    @property
+    def levels(self) -> int:
+        return 1 + int(max((x for x, _ in self.pos.values()), default=0))
+
+
+def tree_parts(step: StepRecord, show_pruned: bool = True) -> TreeParts:
     nodes = [n for n in step.nodes if show_pruned or n.kept]
     bonus = _bonus_node(step)
     pos = tree_layout(nodes + [bonus])
     path = [i for i in step.accepted if i in pos] + [bonus.id]
     on_path = set(zip(path, path[1:]))
     edges = [(n.parent, n.id) for n in nodes if (n.parent, n.id) not in on_path]
-    fig = go.Figure()
-    for pairs, color, width, name in ((edges, "#bbb", 1.2, "draft edge"),
-                                      (sorted(on_path), ACCEPT_COLOR, 4, "accepted path")):
-        xs, ys = _edge_xy(pairs, pos)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width),
-                                 name=name, hoverinfo="skip"))
-    placed = [n for n in nodes if n.id in pos]
-    fig.add_trace(_tree_nodes(placed, pos, set(step.accepted), label_limit))
-    fig.add_trace(_bonus_trace(bonus, pos, label_limit))
-    rows = 1 + max((y for _, y in pos.values()), default=0)
-    levels = 1 + max((x for x, _ in pos.values()), default=0)
-    fig.update_xaxes(visible=False, range=[-0.3, levels + 0.2])
-    fig.update_yaxes(visible=False, range=[-rows + 0.4, 0.6])
     kept = sum(1 for n in step.nodes if n.kept and n.parent >= 0)
     drafted = sum(1 for n in step.nodes if n.parent >= 0)
-    title = (f"Round {step.step} ({step.mode}): {max(0, len(step.accepted) - 1)} draft token(s) accepted"
-             f" + bonus<br><sup>{kept} verified of {drafted} drafted; faded = reranked away</sup>")
-    fig = paper_layout(fig, title, height=int(max(420, 170 + 30 * rows)))
+    title = f"Round {step.step} ({step.mode}): {max(0, len(step.accepted) - 1)} draft token(s) accepted + bonus"
+    return TreeParts([n for n in nodes if n.id in pos], bonus, pos, edges, sorted(on_path), set(step.accepted),
+                     title, f"{kept} verified of {drafted} drafted; faded = reranked away")
+
+
+def tree_figure(step: StepRecord, show_pruned: bool = True, label_limit: int = 12) -> go.Figure:
+    """One round's draft tree, left to right: nodes labelled with token text and confidence, coloured
+    by confidence; reranked-away nodes (kept=False) faded; the accepted path in red; the bonus token
+    (the target's own next token) as an extra diamond node at the end of that path."""
+    parts = tree_parts(step, show_pruned)
+    fig = go.Figure()
+    for pairs, color, width, name in ((parts.edges, "#bbb", 1.2, "draft edge"),
+                                      (parts.path_edges, ACCEPT_COLOR, 4, "accepted path")):
+        xs, ys = _edge_xy(pairs, parts.pos)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width),
+                                 name=name, hoverinfo="skip"))
+    fig.add_trace(_tree_nodes(parts.nodes, parts.pos, parts.accepted, label_limit))
+    fig.add_trace(_bonus_trace(parts.bonus, parts.pos, label_limit))
+    fig.update_xaxes(visible=False, range=[-0.3, parts.levels + 0.2])
+    fig.update_yaxes(visible=False, range=[-parts.rows + 0.4, 0.6])
+    height = int(max(420, 170 + 30 * parts.rows))
+    fig = paper_layout(fig, f"{parts.title}<br><sup>{parts.subtitle}</sup>", height=height)
     fig.update_layout(legend=dict(orientation="h", x=0, y=-0.02, yanchor="top"), showlegend=True)
     return fig
 

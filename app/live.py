@@ -3,8 +3,10 @@
 Streaming must cost a few percent of decoding. The page runs in the decoder's process and the browser
 on the same cores, so every element update costs the decoder time (the server thread's serialisation
 competes for the GIL and the cores, the browser's layout for the cores): text and metrics are redrawn at
-most every TEXT_S seconds, the tree chart at most every REDRAW_S seconds, both always on the last round,
-each into the same placeholder, so the browser updates one element instead of mounting one per round."""
+most every TEXT_S seconds, the tree at most every REDRAW_S seconds, each into the same placeholder, so the
+browser updates one element instead of mounting one per round. While streaming the tree is a static SVG
+(analysis.tree_svg: about 1 ms to build, no plotly layout in the browser); the finished view draws the
+last round as the full plotly chart."""
 from __future__ import annotations
 
 import math
@@ -15,6 +17,7 @@ from typing import Callable
 import streamlit as st
 
 from analysis.figures import tree_figure
+from analysis.tree_svg import CSS_CLASS, tree_svg
 from eagle.config import DecodeConfig
 from eagle.decode import PromptError, encode_prompt
 from eagle.trace import Trace
@@ -32,7 +35,7 @@ PROMPT_KEY = "live_prompt"
 LONG_OK = "live_long_prompt_ok"  # the long prompt the user chose to run anyway
 DEBOUNCE_MS = 700  # long enough not to restart the decoder on every keystroke
 REDRAW_S = 0.4  # at most 2.5 tree redraws a second while streaming: what a person can follow
-TEXT_S = 0.15  # text and metrics about 7 times a second: continuous to the eye, a fraction of the rounds
+TEXT_S = 0.3  # text and metrics about 3 times a second: each update costs the browser ~20 ms of the cores
 LONG_PROMPT_TOKENS = 1024  # above this the prefill alone takes seconds on a CPU: ask first
 HINT = "Explain speculative decoding in one sentence."
 clock = time.perf_counter  # the throttle's clock (a test swaps in a fake one)
@@ -148,8 +151,8 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
             slots.tokens.html(render.token_html(tr.steps))
             with slots.metrics.container():
                 render.show_metrics(tr)
-        if step.step > 0 and (redraw.due(now) or step.finished):
-            slots.chart.plotly_chart(render.fit_tree(tree_figure(step)), theme=None, width="stretch")
+        if step.step > 0 and redraw.due(now) and not step.finished:  # the finished view draws the last
+            slots.chart.html(render.svg_image(tree_svg(step), CSS_CLASS))
         return bool(st.session_state.get(STOP))
 
     runner.run(models, decoder, ids, trace, on_step, on_wait=waiting)

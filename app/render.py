@@ -1,6 +1,7 @@
 """Shared page pieces: the round-coloured token stream, summary metrics, the step scrubber."""
 from __future__ import annotations
 
+import base64
 import html
 import math
 from dataclasses import asdict
@@ -115,6 +116,13 @@ def compact(fig: go.Figure) -> go.Figure:
                       margin=dict(l=10, r=10, t=110, b=10), legend=dict(orientation="h", font_size=11))
     fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
     return fig
+
+
+def svg_image(svg: str, css_class: str) -> str:
+    """HTML showing an SVG drawing: st.html's sanitizer keeps the HTML profile only (an inline <svg> is
+    removed), so the drawing travels as an <img> of a data URI, which the browser paints as one image."""
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f'<img class="{css_class}" alt="draft tree" src="data:image/svg+xml;base64,{data}" style="max-width:100%">'
 
 
 def show_figure(fig: go.Figure, key: str) -> None:

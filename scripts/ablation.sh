@@ -2,12 +2,13 @@
 # The head ablation of issue #14: one EAGLE-3 extraction (which also holds the EAGLE-1 features), three heads
 # trained from scratch with the same data, held-out set and step budget, each scored by `evaluate`.
 # Every stage resumes where it stopped; rerun the script after an interruption.
-#   usage: scripts/ablation.sh [CONVERSATIONS] [STEPS] [OUT]     (defaults: 2048 400 runs/ablation)
+#   usage: scripts/ablation.sh [CONVERSATIONS] [STEPS] [OUT] [DTYPE]   (defaults: 2048 400 runs/ablation auto)
+# DTYPE is the target's (features and training autocast; auto: the faster on this machine); one OUT, one dtype.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-convs=${1:-2048}; steps=${2:-400}; out=${3:-runs/ablation}
+convs=${1:-2048}; steps=${2:-400}; out=${3:-runs/ablation}; dtype=${4:-auto}
 py=(.venv/bin/python -m eagle)
-common=(--threads 1 --dtype float32)
+common=(--threads 1 --dtype "$dtype")
 feats=$out/features-eagle3-$convs
 "${py[@]}" prepare --self-distill --distill-dir data/distill/smollm2-135m-instruct --conversations "$convs" \
     --max-len 512 --heldout-fraction 0.05 --head-type eagle3 --features "$feats" "${common[@]}"

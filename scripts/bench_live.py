@@ -55,7 +55,7 @@ const metric = (label) => {
 };
 window.__liveTimer = setInterval(() => {
   const tokens = parseInt(metric('Tokens') || '0');
-  const tree = document.querySelector('.js-plotly-plot') !== null;
+  const tree = document.querySelector('.js-plotly-plot, img.eagle-live-tree') !== null;  // finished or streamed
   const done = document.querySelector('[data-testid="stSlider"]') !== null;
   window.__live.push([performance.now(), tokens, tree, done]);
 }, 50);

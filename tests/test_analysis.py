@@ -185,6 +185,29 @@ def test_tree_figure_marks_bonus_path_and_pruned() -> None:
     assert isinstance(F.tree_figure(prefill()), go.Figure)  # no tree: just the token
 
 
+def test_tree_svg_draws_what_tree_figure_draws() -> None:
+    """The live page's streamed SVG: valid XML, every placed node, the accepted path in red up to the
+    bonus diamond, pruned nodes faded, the same title, and a height capped to fit the window."""
+    import xml.etree.ElementTree as ET
+    from analysis.tree_svg import CSS_CLASS, tree_svg
+    s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1, kept=False),
+                 node(3, 1, 2, 0.2)])
+    svg = ET.fromstring(tree_svg(s))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert svg.get("class") == CSS_CLASS
+    circles = svg.findall(f"{ns}circle")
+    assert len(circles) == 3 and sorted(c.get("opacity") for c in circles) == ["0.25", "1.0", "1.0"]
+    red = [e for e in svg.findall(f"{ns}line")
+           if e.get("stroke") == F.ACCEPT_COLOR and e.get("stroke-width") == "4"]
+    assert len(red) == 3  # root->1, 1->bonus, and the legend's sample
+    texts = ["".join(t.itertext()) for t in svg.findall(f"{ns}text")]
+    assert F.tree_parts(s).title in texts and "accepted path" in texts
+    assert any(t == "t3 0.20" for t in texts) and any(t.endswith("(bonus)") for t in texts)
+    wide = step(1, [root(), *[node(i, 0, 1, 0.1, rank=i) for i in range(1, 60)]])
+    assert float(ET.fromstring(tree_svg(wide, max_height=500)).get("height")) == 500
+    ET.fromstring(tree_svg(step(1, [root(), node(1, 0, 1, 0.5)], new=0)))  # a tree nothing of which was accepted
+
+
 def test_token_label_is_visible_and_html_safe() -> None:
     assert F.token_label(" <b>\n") == "␣&lt;b&gt;↵"
     assert F.token_label("x" * 30, limit=5) == "xxxx…"

@@ -298,15 +298,17 @@ def test_stop_at_the_prefill_shows_no_empty_tree(traces):
 
 
 def test_streaming_redraws_the_tree_throttled_and_always_the_last_round(monkeypatch):
-    """A fake clock that ticks once a round and a redraw interval of 4 ticks: the tree is drawn on
-    round 1, then every fourth round, and on the last round whatever the clock says."""
+    """A fake clock that ticks once a round and a redraw interval of 4 ticks: the streamed SVG tree is
+    drawn on round 1, then every fourth round; the last round is the finished view's plotly chart."""
     from app import live as live_mod
     ticks = iter(range(10_000))
     monkeypatch.setattr(live_mod, "clock", lambda: next(ticks))
     monkeypatch.setattr(live_mod, "REDRAW_S", 4)
+    streamed: list[int] = []
     drawn: list[int] = []
-    real = live_mod.tree_figure
-    monkeypatch.setattr(live_mod, "tree_figure", lambda step, **kw: drawn.append(step.step) or real(step, **kw))
+    real_svg, real_figure = live_mod.tree_svg, live_mod.tree_figure
+    monkeypatch.setattr(live_mod, "tree_svg", lambda step, **kw: streamed.append(step.step) or real_svg(step, **kw))
+    monkeypatch.setattr(live_mod, "tree_figure", lambda step, **kw: drawn.append(step.step) or real_figure(step, **kw))
     at = _page("live").run()
     _set(at, "live", max_new_tokens=24, total_tokens=2, depth=0, top_k=1)
     _type_prompt(at, "Count from one to twenty.")
@@ -314,9 +316,9 @@ def test_streaming_redraws_the_tree_throttled_and_always_the_last_round(monkeypa
     _no_trouble(at)
     trace = at.session_state["live_run"]
     last = trace.steps[-1].step
-    streamed, final = drawn[:-1], drawn[-1]  # the finished view draws the slider's round once more
-    assert last > 5 and final == last
-    assert streamed == sorted({*range(1, last + 1, 4), last})
+    assert last > 5 and drawn == [last]  # the finished view: the slider's round, the last, once
+    assert streamed == [s for s in range(1, last + 1, 4) if s != last]
+    assert len(at.get("plotly_chart")) == 1
 
 
 def test_history_picker_on_analysis_pages(traces):
