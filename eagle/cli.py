@@ -118,7 +118,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
     print(f"dtype: {dtype_name(target.dtype)} ({why})")
     print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
-          f"{report['expected_speedup']:.2f}x vanilla ({report['vanilla_tokens_per_s']:.1f} tok/s)")
+          f"{report['expected_speedup']:.2f}x vanilla (vanilla: {report['vanilla_tokens_per_s']:.1f} tok/s)")
     print("tree size  expected tau  round ms  expected tok/s")
     for r in report["curve"]:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
