@@ -8,7 +8,8 @@ busy) when the first draft tree appears and how the token count grows. `python -
     .venv/bin/python scripts/bench_live.py [--prompt TEXT] [--max-new-tokens 48]
 
 Prints time to first tree (from the last key press), the page's tokens/s, the decoder's tokens/s
-and their ratio. The browser test (tests/test_app_browser.py) uses the same driver functions."""
+and their ratio, and how many cores the server and the browser kept busy meanwhile. The browser test
+(tests/test_app_browser.py) uses the same driver functions."""
 from __future__ import annotations
 
 import argparse
@@ -213,13 +214,31 @@ def cli_generate(prompt: str, max_new_tokens: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this script's children: the Streamlit server (decoder,
+    script and server threads) and the browser (chromedriver and every Chromium process)."""
+    import psutil
+    used = {"streamlit": 0.0, "browser": 0.0}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            side = "streamlit" if "streamlit" in " ".join(proc.cmdline()) else "browser"
+            times = proc.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        used[side] += times.user + times.system
+    return used
+
+
 def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
     before = cli_generate(prompt, max_new_tokens)
     with streamlit_server(log) as url, chromium() as drv:
         open_live(drv, url, max_new_tokens)
         type_and_measure(drv, "Say hello.")  # warm-up: model, auto budget, first-call allocations
         open_live(drv, url, max_new_tokens)
+        cpu_before, wall_before = cpu_seconds(), time.perf_counter()
         page = type_and_measure(drv, prompt)
+        wall = time.perf_counter() - wall_before
+        cpu = {side: (used - cpu_before.get(side, 0.0)) / wall for side, used in cpu_seconds().items()}
         outside = outside_requests(drv)
     after = cli_generate(prompt, max_new_tokens)
     decoder = statistics.mean([before["tokens_per_second"], after["tokens_per_second"]])
@@ -230,7 +249,8 @@ def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
             "page_decoder_tokens_per_s": round(page.decoder_tokens_per_s, 2),
             "cli_tokens_per_s": [before["tokens_per_second"], after["tokens_per_second"]],
             "cli_tokens": [before["new_tokens"], after["new_tokens"]], "cli_config": before["config"],
-            "ratio_page_vs_cli": round(page.page_tokens_per_s / decoder, 3), "outside_requests": outside}
+            "ratio_page_vs_cli": round(page.page_tokens_per_s / decoder, 3), "outside_requests": outside,
+            "cores_used": {side: round(c, 2) for side, c in cpu.items()}}
 
 
 def main() -> int:
@@ -247,6 +267,8 @@ def main() -> int:
           f"{result['page_decoder_tokens_per_s']:.1f}); eagle generate: {result['cli_tokens_per_s']} tok/s")
     print(f"ratio page / eagle generate: {result['ratio_page_vs_cli']:.2f}; outside requests: "
           f"{len(result['outside_requests'])}")
+    print(f"cores busy while the page ran (of {os.cpu_count()}): " +
+          ", ".join(f"{side} {c:.2f}" for side, c in result["cores_used"].items()))
     print(json.dumps(result))
     return 0
 
