@@ -4,6 +4,7 @@ refuses other settings, and prepare/train use it end to end."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,12 @@ def test_prepare_self_distill_and_warm_start(target, tmp_path: Path, single_thre
     assert (feats / "distill" / "manifest.json").exists()
     with pytest.raises(ValueError, match="other settings"):
         prepare_features(target, feats, n_conversations=8, max_len=64, heldout_fraction=0.3, shard_size=4)
+    # fresh data for a warm start: only conversations 4-7, read from the same store, and said so in the manifest
+    tail = prepare_features(target, tmp_path / "tail", n_conversations=8, max_len=64, heldout_fraction=0.3,
+                            shard_size=4, distill=replace(CFG, store=str(feats / "distill")), first_conversation=4)
+    ids = [int(r["id"]) for r in DistillStore.open(feats / "distill").records()]
+    assert 0 < tail.distilled == sum(i >= 4 for i in ids) < stats.distilled
+    assert json.loads((tmp_path / "tail" / "manifest.json").read_text())["first_conversation"] == 4
 
     kw = dict(lr=1e-3, batch=2, warmup=1, vocab_k=1024, progress=False, eval_samples=2)
     train_head(target, feats, tmp_path / "a", steps=2, **kw)

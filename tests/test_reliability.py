@@ -645,6 +645,8 @@ def test_a_damaged_checkpoint_is_one_sentence(tiny_dir, tiny_features, tmp_path,
     (["prepare", "--features", "{tmp}/file"], "is a file, not a directory"),
     (["train", "--threads", "-1"], "--threads must be >= 1"),
     (["prepare", "--seed", str(2 ** 70)], "--seed must be an integer"),
+    (["prepare", "--conversations", "10", "--first-conversation", "10"],
+     "--first-conversation 10: must be at least 0 and below --conversations (10)"),
     (["distill", "--device", "tpu"], "unknown device 'tpu'"),
 ])
 def test_prepare_train_distill_bad_input_before_any_model_loads(tmp_path, capsys, args, message):

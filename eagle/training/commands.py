@@ -14,7 +14,7 @@ from ..head import HEAD_KINDS
 from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
-from .features import check_features, prepare_features
+from .features import check_conversation_range, check_features, prepare_features
 from .objective import LOSSES, default_loss
 from .train import TrainConfig, evaluate_head, train_head
 
@@ -34,6 +34,9 @@ def _add_distill_args(p: argparse.ArgumentParser) -> None:
 
 def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conversations", type=int, default=800, help="ShareGPT conversations to read (%(default)s)")
+    p.add_argument("--first-conversation", type=int, default=0,
+                   help="keep conversations [N, --conversations) only: fresh data for a head warm-started on the "
+                        "earlier ones (%(default)s)")
     p.add_argument("--max-len", type=int, default=512, help="truncate samples to this many tokens (%(default)s)")
     p.add_argument("--heldout-fraction", type=float, default=0.05, help="(%(default)s)")
     p.add_argument("--shard-size", type=int, default=64, help="(%(default)s)")
@@ -51,7 +54,7 @@ def _distill_config(args: argparse.Namespace) -> DistillConfig:
 def _run_prepare(args: argparse.Namespace, target: Target) -> None:
     prepare_features(target, args.features, args.conversations, args.max_len, args.heldout_fraction,
                      args.shard_size, args.seed, args.sharegpt, _distill_config(args) if args.self_distill else None,
-                     head_type=args.head_type)
+                     head_type=args.head_type, first_conversation=args.first_conversation)
 
 
 def _run_distill(args: argparse.Namespace, target: Target) -> None:
@@ -177,6 +180,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:
             raise ValueError(f"--final-dir {args.final_dir} already holds a head: pass --overwrite to replace it.")
     else:
+        if args.command == "prepare":
+            check_conversation_range(args.first_conversation, args.conversations)
         outputs = {"--features": getattr(args, "features", None), "--distill-dir": args.distill_dir}
     for flag, path in outputs.items():
         if path:

@@ -147,11 +147,12 @@ def regenerate(target: Target, convs: list[Conversation], store_dir: str | Path,
     return stats
 
 
-def read_distilled(store_dir: str | Path, limit: int | None = None) -> tuple[list[Conversation], int]:
-    """The regenerated conversations with index below `limit`, in index order, and how many of
+def read_distilled(store_dir: str | Path, limit: int | None = None,
+                   start: int = 0) -> tuple[list[Conversation], int]:
+    """The regenerated conversations with index in [start, limit), in index order, and how many of
     their replies were cut at max_new_tokens."""
     records = DistillStore.open(store_dir).records()
-    records = [r for r in records if limit is None or int(r["id"]) < limit]
+    records = [r for r in records if start <= int(r["id"]) and (limit is None or int(r["id"]) < limit)]
     inverse = {v: k for k, v in _SHAREGPT_ROLE.items()}
     convs = [[{"role": inverse[t["from"]], "content": t["value"]} for t in r["conversations"]] for r in records]
     return convs, sum(bool(r.get("truncated")) for r in records)
