@@ -149,8 +149,7 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
         now, step = clock(), tr.steps[-1]  # one clock read a round serves both throttles
         if text.due(now) or step.finished:
             slots.tokens.html(render.token_html(tr.steps))
-            with slots.metrics.container():
-                render.show_metrics(tr)
+            slots.metrics.html(render.metrics_html(tr))
         if step.step > 0 and redraw.due(now) and not step.finished:  # the finished view draws the last
             slots.chart.html(render.svg_image(tree_svg(step), CSS_CLASS))
         return bool(st.session_state.get(STOP))

@@ -43,19 +43,33 @@ def decoder_seconds(trace: Trace) -> float:
     return sum(sum(s.timings.values()) for s in trace.steps)
 
 
-def show_metrics(trace: Trace) -> None:
-    """Tokens, tau (new tokens per target forward), rounds, and two rates: the decoder's own
-    (from the trace timings) and the wall clock's, which includes drawing this page."""
+def metric_values(trace: Trace) -> list[tuple[str, str, str | None]]:
+    """(label, value, help) of the run's summary: tokens, tau (new tokens per target forward), rounds,
+    and two rates: the decoder's own (from the trace timings) and the wall clock's, drawing included."""
     gen = generation(trace)
-    busy = decoder_seconds(trace)
-    cols = st.columns(5)
-    cols[0].metric("Tokens", len(gen.tokens))
-    cols[1].metric("τ", f"{gen.tau:.2f}", help="New tokens per target forward pass (prefill included)")
-    cols[2].metric("Rounds", max(0, len(trace.steps) - 1), help=_finish_note(trace))
-    cols[3].metric("Decoder tok/s", _rate(tokens_per_second(len(gen.tokens), busy)),
-                   help="Tokens over the decoder's own time (the rounds' timings in the trace)")
-    cols[4].metric("Wall-clock tok/s", _rate(gen.tokens_per_second),
-                   help="Tokens over the wall-clock time of the generation, drawing this page included")
+    return [("Tokens", str(len(gen.tokens)), None),
+            ("τ", f"{gen.tau:.2f}", "New tokens per target forward pass (prefill included)"),
+            ("Rounds", str(max(0, len(trace.steps) - 1)), _finish_note(trace)),
+            ("Decoder tok/s", _rate(tokens_per_second(len(gen.tokens), decoder_seconds(trace))),
+             "Tokens over the decoder's own time (the rounds' timings in the trace)"),
+            ("Wall-clock tok/s", _rate(gen.tokens_per_second),
+             "Tokens over the wall-clock time of the generation, drawing this page included")]
+
+
+def show_metrics(trace: Trace) -> None:
+    """The summary as Streamlit metrics, with their help tooltips (the finished view)."""
+    for col, (label, value, tip) in zip(st.columns(5), metric_values(trace)):
+        col.metric(label, value, help=tip)
+
+
+def metrics_html(trace: Trace) -> str:
+    """The same summary as one HTML element laid out like show_metrics' row: while streaming, one
+    element update a redraw instead of a block of five columns and five metrics (each a browser update)."""
+    cells = "".join(f'<div style="flex:1" title="{html.escape(tip or label)}"><div style="font-size:0.875rem">'
+                    f'{html.escape(label)}</div><div data-metric="{html.escape(label)}" '
+                    f'style="font-size:2.25rem;line-height:1.4">{html.escape(value)}</div></div>'
+                    for label, value, tip in metric_values(trace))
+    return f'<div class="eagle-live-metrics" style="display:flex;gap:1rem">{cells}</div>'
 
 
 def _rate(value: float) -> str:

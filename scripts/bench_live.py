@@ -47,7 +47,9 @@ return document.querySelector('input[aria-label^="Prompt"]');
 # Samples [ms, tokens shown, a tree drawn, finished] every 50 ms until stopped; cheap for the page.
 START_SAMPLER = """
 window.__live = [];
-const metric = (label) => {
+const metric = (label) => {  // the streamed summary line (app/render.metrics_html), then the metrics
+  const streamed = document.querySelector(`[data-metric="${label}"]`);
+  if (streamed) return streamed.innerText;
   for (const m of document.querySelectorAll('[data-testid="stMetric"]')) {
     const l = m.querySelector('[data-testid="stMetricLabel"]');
     if (l && l.innerText.trim() === label) return m.querySelector('[data-testid="stMetricValue"]').innerText;
@@ -214,19 +216,36 @@ def cli_generate(prompt: str, max_new_tokens: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _side(cmdline: list[str]) -> str:
+    """Which part of the run a child process is: the Streamlit server, or one kind of browser process
+    (Chromium names its helpers with --type=renderer / gpu-process / utility; the parent has none)."""
+    if any("streamlit" in part for part in cmdline):
+        return "streamlit"
+    kind = next((part.split("=", 1)[1] for part in cmdline if part.startswith("--type=")), "browser-main")
+    return f"browser:{kind}"
+
+
 def cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) used so far by this script's children: the Streamlit server (decoder,
-    script and server threads) and the browser (chromedriver and every Chromium process)."""
+    """CPU seconds (user + system) used so far by this script's children, by _side: the Streamlit
+    server (decoder, script and server threads), chromedriver and each kind of Chromium process."""
     import psutil
-    used = {"streamlit": 0.0, "browser": 0.0}
+    used: dict[str, float] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
-            side = "streamlit" if "streamlit" in " ".join(proc.cmdline()) else "browser"
+            side = _side(proc.cmdline())
             times = proc.cpu_times()
         except psutil.Error:  # ended meanwhile
             continue
-        used[side] += times.user + times.system
+        used[side] = used.get(side, 0.0) + times.user + times.system
     return used
+
+
+def renderer_seconds(drv) -> dict[str, float]:
+    """The page's main-thread time so far (Chrome DevTools Performance metrics): scripts, style
+    recalculation and layout, and all its tasks together; painting and raster run elsewhere."""
+    metrics = {m["name"]: m["value"] for m in drv.execute_cdp_cmd("Performance.getMetrics", {})["metrics"]}
+    return {name: metrics.get(name, 0.0) for name in ("TaskDuration", "ScriptDuration", "RecalcStyleDuration",
+                                                       "LayoutDuration")}
 
 
 def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
@@ -235,10 +254,12 @@ def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
         open_live(drv, url, max_new_tokens)
         type_and_measure(drv, "Say hello.")  # warm-up: model, auto budget, first-call allocations
         open_live(drv, url, max_new_tokens)
-        cpu_before, wall_before = cpu_seconds(), time.perf_counter()
+        drv.execute_cdp_cmd("Performance.enable", {})
+        cpu_before, main_before, wall_before = cpu_seconds(), renderer_seconds(drv), time.perf_counter()
         page = type_and_measure(drv, prompt)
         wall = time.perf_counter() - wall_before
         cpu = {side: (used - cpu_before.get(side, 0.0)) / wall for side, used in cpu_seconds().items()}
+        main = {name: (t - main_before[name]) / wall for name, t in renderer_seconds(drv).items()}
         outside = outside_requests(drv)
     after = cli_generate(prompt, max_new_tokens)
     decoder = statistics.mean([before["tokens_per_second"], after["tokens_per_second"]])
@@ -250,7 +271,8 @@ def bench(prompt: str, max_new_tokens: int, log: Path) -> dict:
             "cli_tokens_per_s": [before["tokens_per_second"], after["tokens_per_second"]],
             "cli_tokens": [before["new_tokens"], after["new_tokens"]], "cli_config": before["config"],
             "ratio_page_vs_cli": round(page.page_tokens_per_s / decoder, 3), "outside_requests": outside,
-            "cores_used": {side: round(c, 2) for side, c in cpu.items()}}
+            "cores_used": {side: round(c, 3) for side, c in sorted(cpu.items())},
+            "page_main_thread_share": {name: round(c, 3) for name, c in main.items()}}
 
 
 def main() -> int:
@@ -269,6 +291,8 @@ def main() -> int:
           f"{len(result['outside_requests'])}")
     print(f"cores busy while the page ran (of {os.cpu_count()}): " +
           ", ".join(f"{side} {c:.2f}" for side, c in result["cores_used"].items()))
+    print("share of the run the page's main thread was busy: " +
+          ", ".join(f"{name.removesuffix('Duration')} {c:.2f}" for name, c in result["page_main_thread_share"].items()))
     print(json.dumps(result))
     return 0
 
