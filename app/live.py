@@ -1,12 +1,14 @@
 """The Live explorer's pieces: the remembered prompt box, the throttled stream, the finished view.
 
 Streaming must cost a few percent of decoding. The page runs in the decoder's process and the browser
-on the same cores, so every element update costs the decoder time (the server thread's serialisation
-competes for the GIL and the cores, the browser's layout for the cores): text and metrics are redrawn at
-most every TEXT_S seconds, the tree at most every REDRAW_S seconds, each into the same placeholder, so the
-browser updates one element instead of mounting one per round. While streaming the tree is a static SVG
-(analysis.tree_svg: about 1 ms to build, no plotly layout in the browser); the finished view draws the
-last round as the full plotly chart."""
+on the same cores, so every element update costs the decoder time: the browser's frontend re-renders
+its element tree once per message, about 20 ms of a core per update on a minimal page whatever the
+element holds (the markup's size and styling made no measurable difference), and more on this one.
+So while streaming the text, the summary and the tree travel together as ONE element, redrawn in place
+at most every STREAM_S seconds, and at once on the first tree and the last round: two element updates
+a second where text, metrics and tree used to make about nine. The tree in it is a static SVG
+(analysis.tree_svg: about 1 ms to build, no plotly layout in the browser). The finished view then draws
+the text, the metrics and the last round's full plotly chart into their own places."""
 from __future__ import annotations
 
 import math
@@ -34,8 +36,7 @@ RUN, RUN_ID, STOP = "live_run", "live_run_id", "live_stop_requested"
 PROMPT_KEY = "live_prompt"
 LONG_OK = "live_long_prompt_ok"  # the long prompt the user chose to run anyway
 DEBOUNCE_MS = 700  # long enough not to restart the decoder on every keystroke
-REDRAW_S = 0.4  # at most 2.5 tree redraws a second while streaming: what a person can follow
-TEXT_S = 0.3  # text and metrics about 3 times a second: each update costs the browser ~20 ms of the cores
+STREAM_S = 0.5  # two redraws a second while streaming: enough to follow the text and the trees
 LONG_PROMPT_TOKENS = 1024  # above this the prefill alone takes seconds on a CPU: ask first
 HINT = "Explain speculative decoding in one sentence."
 clock = time.perf_counter  # the throttle's clock (a test swaps in a fake one)
@@ -106,7 +107,8 @@ def estimate_seconds(prompt_tokens: int, cfg: DecodeConfig, report: dict | None)
 @dataclass
 class Slots:
     """The page's fixed places: streaming and the finished view draw into the same ones, so the
-    browser updates elements in place instead of mounting new ones."""
+    browser updates elements in place instead of mounting new ones. While streaming, `tokens` holds
+    the Stop button and `metrics` the one streamed element; the finished view fills all four."""
     tokens: st.delta_generator.DeltaGenerator
     metrics: st.delta_generator.DeltaGenerator
     controls: st.delta_generator.DeltaGenerator
@@ -118,13 +120,13 @@ class Slots:
 
 
 class Throttle:
-    """True at most once per `interval` seconds (the first call always)."""
+    """True at most once per `interval` seconds (the first call and forced calls always)."""
 
     def __init__(self, interval: float) -> None:
         self.interval, self.last = interval, -math.inf
 
-    def due(self, now: float) -> bool:
-        if now - self.last < self.interval:
+    def due(self, now: float, force: bool = False) -> bool:
+        if not force and now - self.last < self.interval:
             return False
         self.last = now
         return True
@@ -132,7 +134,7 @@ class Throttle:
 
 def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots) -> Trace | None:
     def waiting() -> None:  # behind another session's generation
-        slots.chart.info(runner.WAIT_MESSAGE)
+        slots.metrics.info(runner.WAIT_MESSAGE)  # where the streamed element will be
 
     try:
         decoder, ids, trace = runner.prepare(models, prompt, cfg, waiting)
@@ -142,16 +144,15 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
     st.session_state[RUN] = trace
     st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1
     st.session_state.pop(STOP, None)
-    slots.controls.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)
-    text, redraw = Throttle(TEXT_S), Throttle(REDRAW_S)
+    slots.tokens.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)
+    tick = Throttle(STREAM_S)
 
     def on_step(tr: Trace) -> bool:
-        now, step = clock(), tr.steps[-1]  # one clock read a round serves both throttles
-        if text.due(now) or step.finished:
-            slots.tokens.html(render.token_html(tr.steps))
-            slots.metrics.html(render.metrics_html(tr))
-        if step.step > 0 and redraw.due(now) and not step.finished:  # the finished view draws the last
-            slots.chart.html(render.svg_image(tree_svg(step), CSS_CLASS))
+        step = tr.steps[-1]
+        # Round 1 brings the first tree: draw it at once. The finished view draws the last round's tree.
+        if tick.due(clock(), force=step.step == 1 or step.finished):
+            tree = tree_svg(step) if step.step > 0 and not step.finished else None
+            slots.metrics.html(render.stream_html(tr, None if tree is None else render.svg_image(tree, CSS_CLASS)))
         return bool(st.session_state.get(STOP))
 
     runner.run(models, decoder, ids, trace, on_step, on_wait=waiting)

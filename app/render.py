@@ -63,13 +63,19 @@ def show_metrics(trace: Trace) -> None:
 
 
 def metrics_html(trace: Trace) -> str:
-    """The same summary as one HTML element laid out like show_metrics' row: while streaming, one
-    element update a redraw instead of a block of five columns and five metrics (each a browser update)."""
+    """The same summary as HTML laid out like show_metrics' row, for the streamed element (a block of
+    five columns and five metrics would be five more browser updates a redraw)."""
     cells = "".join(f'<div style="flex:1" title="{html.escape(tip or label)}"><div style="font-size:0.875rem">'
                     f'{html.escape(label)}</div><div data-metric="{html.escape(label)}" '
                     f'style="font-size:2.25rem;line-height:1.4">{html.escape(value)}</div></div>'
                     for label, value, tip in metric_values(trace))
     return f'<div class="eagle-live-metrics" style="display:flex;gap:1rem">{cells}</div>'
+
+
+def stream_html(trace: Trace, tree_html: str | None) -> str:
+    """What the Live page shows while decoding, as one element: the text, the summary row and the
+    newest round's tree (when there is one)."""
+    return token_html(trace.steps) + metrics_html(trace) + (tree_html or "")
 
 
 def _rate(value: float) -> str:

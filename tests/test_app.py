@@ -298,12 +298,13 @@ def test_stop_at_the_prefill_shows_no_empty_tree(traces):
 
 
 def test_streaming_redraws_the_tree_throttled_and_always_the_last_round(monkeypatch):
-    """A fake clock that ticks once a round and a redraw interval of 4 ticks: the streamed SVG tree is
-    drawn on round 1, then every fourth round; the last round is the finished view's plotly chart."""
+    """A fake clock that ticks once a round and a redraw interval of 4 ticks: the streamed element (text,
+    summary, SVG tree) is drawn on round 1, then every fourth round; the last round is the finished
+    view's plotly chart."""
     from app import live as live_mod
     ticks = iter(range(10_000))
     monkeypatch.setattr(live_mod, "clock", lambda: next(ticks))
-    monkeypatch.setattr(live_mod, "REDRAW_S", 4)
+    monkeypatch.setattr(live_mod, "STREAM_S", 4)
     streamed: list[int] = []
     drawn: list[int] = []
     real_svg, real_figure = live_mod.tree_svg, live_mod.tree_figure
