@@ -151,8 +151,8 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots)
         step = tr.steps[-1]
         # Round 1 brings the first tree: draw it at once. The finished view draws the last round's tree.
         if tick.due(clock(), force=step.step == 1 or step.finished):
-            tree = tree_svg(step) if step.step > 0 and not step.finished else None
-            slots.metrics.html(render.stream_html(tr, None if tree is None else render.svg_image(tree, CSS_CLASS)))
+            tree = render.svg_image(tree_svg(step), CSS_CLASS) if step.step > 0 and not step.finished else ""
+            slots.metrics.html(render.stream_html(tr, tree))
         return bool(st.session_state.get(STOP))
 
     runner.run(models, decoder, ids, trace, on_step, on_wait=waiting)

@@ -72,10 +72,10 @@ def metrics_html(trace: Trace) -> str:
     return f'<div class="eagle-live-metrics" style="display:flex;gap:1rem">{cells}</div>'
 
 
-def stream_html(trace: Trace, tree_html: str | None) -> str:
+def stream_html(trace: Trace, tree_html: str = "") -> str:
     """What the Live page shows while decoding, as one element: the text, the summary row and the
-    newest round's tree (when there is one)."""
-    return token_html(trace.steps) + metrics_html(trace) + (tree_html or "")
+    newest round's tree (empty at the prefill and the last round)."""
+    return token_html(trace.steps) + metrics_html(trace) + tree_html
 
 
 def _rate(value: float) -> str:

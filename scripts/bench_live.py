@@ -9,8 +9,7 @@ busy) when the first draft tree appears and how the token count grows. `python -
 
 Prints time to first tree (from the last key press), the page's tokens/s, the decoder's tokens/s
 and their ratio (the median over the repeats), and how many cores the server and the browser kept
-busy meanwhile. The browser test
-(tests/test_app_browser.py) uses the same driver functions."""
+busy meanwhile. The browser test (tests/test_app_browser.py) uses the same driver functions."""
 from __future__ import annotations
 
 import argparse
