@@ -27,6 +27,7 @@ from .head import DraftHead
 from .kvcache import KVCache
 from .stats import tau, tokens_per_second
 from .target import Target
+from .timing import PhaseClock
 from .trace import NodeRecord, StepRecord
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
 from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
@@ -97,6 +98,7 @@ class DecodeState:
     t_cache: KVCache  # the target's
     generator: torch.Generator  # CPU: acceptance runs on the host
     drafter: Drafter | None  # the draft head's cache and vocabulary (None in vanilla)
+    clock: PhaseClock  # splits each round into its phases (StepRecord.timings)
     root_hidden: torch.Tensor | None = None  # (1, H) the draft's predicted feature at the root
     root: int = -1  # the last token the target produced: the next round's tree root
     produced: int = 0  # new tokens so far
@@ -115,8 +117,9 @@ class Decoder:
     state (that is a DecodeState, made by `steps`)."""
 
     def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig,
-                 costs: RoundCosts | None = None) -> None:
+                 costs: RoundCosts | None = None, profile: bool = False) -> None:
         self.target, self.head, self.cfg, self.costs = target, head, config.validate(), costs
+        self.profile = profile  # on CUDA: wait for the device at every phase, so the phases are exact
         self.feature_layers = None if head is None else head.feature_layers  # what the head drafts from
         if config.mode != "vanilla" and head is None:
             raise ValueError(f"mode {config.mode!r} needs a draft head")
@@ -153,10 +156,11 @@ class Decoder:
             static_nodes = 0 if self.static_plan is None else self.static_plan.parents.numel()
             extra = cfg.depth * cfg.top_k + static_nodes  # draft slots for tree nodes past the prefix
             drafter = new_drafter(tgt, self.head, max_len + extra, cfg.draft_vocab)
-        return DecodeState(max_len, tgt.new_cache(max_len), torch.Generator().manual_seed(cfg.seed), drafter)
+        return DecodeState(max_len, tgt.new_cache(max_len), torch.Generator().manual_seed(cfg.seed), drafter,
+                           PhaseClock(tgt.device, sync=self.profile))
 
     def _prefill(self, s: DecodeState, prompt_ids: list[int]) -> StepRecord:
-        t0 = time.perf_counter()
+        s.clock.start()
         ids = torch.tensor([prompt_ids], device=self.target.device)
         n = ids.shape[1]
         logits, features = self.target.forward(ids, torch.arange(n, device=ids.device)[None], s.t_cache, 0,
@@ -167,26 +171,29 @@ class Decoder:
             nxt = torch.cat([ids[0, 1:], torch.tensor([token], device=ids.device)])
             s.root_hidden = s.drafter.consume(nxt, features[0])
         finished = self._finish_reason([token], 0)
+        s.clock.lap("prefill")
         return StepRecord(step=0, mode=self.cfg.mode, nodes=[], accepted=[], bonus_token=token,
                           bonus_text=self.texts(token), new_tokens=[token], new_text=self.texts(token),
-                          accept_length=1, timings={"prefill": self._now() - t0}, finished=finished)
+                          accept_length=1, timings=dict(s.clock.laps), finished=finished)
 
     def _step(self, s: DecodeState) -> StepRecord:
-        t0 = self._now()
+        """One round; its timings are the disjoint phases draft.0..draft.d (one per draft step), tree,
+        verify (the target forward), accept, commit (the KV cache), consume (the draft catches up) and
+        record (the trace's node records), which sum to the round's wall time."""
+        clock = s.clock.start()
         cand, kept, tree = self._draft_and_build(s, self._budget(s))
-        t1 = self._now()
+        clock.lap("tree")
         logits, features = self._verify(s, tree)
+        clock.lap("verify")
         accepted, bonus, node_probs = self._accept(s, tree, logits, cand, kept)
-        t2 = self._now()
         rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs)
         new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
         finished = self._finish_reason(new_tokens, s.produced)
+        clock.lap("accept")
         if not finished:
             self._commit(s, rnd, features, new_tokens)
             finished = "context" if s.t_cache.length >= s.max_len - 1 else None
-        t3 = self._now()
-        timings = {"draft": t1 - t0, "verify": t2 - t1, "commit": t3 - t2}
-        return self._record(s.step, rnd, new_tokens, timings, finished)
+        return self._record(s, rnd, new_tokens, finished)
 
     # ---- phases ---------------------------------------------------------------------------------
     def _budget(self, s: DecodeState) -> int:
@@ -199,10 +206,11 @@ class Decoder:
             return None, None, build_tree(torch.tensor([s.root], device=dev), torch.tensor([-1], device=dev))
         if self.static_plan is not None:
             gen = None if self.cfg.greedy else s.generator
-            cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen)
+            cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen, lap=s.clock.lap)
             kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
         else:
-            cand, kept = _draft_dynamic_kept(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, budget)
+            cand = draft_dynamic(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, lap=s.clock.lap)
+            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
             if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
                 values = cand.scores[kept].exp().sort(descending=True).values
                 n = best_tree_size(values, self.costs, s.t_cache.length)
@@ -241,8 +249,10 @@ class Decoder:
         dev = self.target.device
         idx = torch.tensor(rnd.accepted, device=dev)
         s.t_cache.commit(s.t_cache.length + idx)
+        s.clock.lap("commit")
         if s.drafter is not None:  # the draft catches up with the target's real features
             s.root_hidden = s.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
+            s.clock.lap("consume")
 
     # ---- helpers --------------------------------------------------------------------------------
     def _choose(self, s: DecodeState, logits_row: torch.Tensor) -> int:
@@ -262,18 +272,14 @@ class Decoder:
                 return reason
         return None
 
-    def _now(self) -> float:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def _record(self, step: int, rnd: Round, new_tokens: list[int], timings: dict[str, float],
-                finished: str | None) -> StepRecord:
+    def _record(self, s: DecodeState, rnd: Round, new_tokens: list[int], finished: str | None) -> StepRecord:
         nodes, accepted_ids = _trace_nodes(rnd, self.texts)
-        return StepRecord(step=step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
+        new_text = self.target.tokenizer.decode(new_tokens)
+        s.clock.lap("record")
+        return StepRecord(step=s.step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
                           bonus_token=rnd.bonus, bonus_text=self.texts(rnd.bonus), new_tokens=new_tokens,
-                          new_text=self.target.tokenizer.decode(new_tokens), accept_length=len(rnd.accepted),
-                          timings=timings, finished=finished)
+                          new_text=new_text, accept_length=len(rnd.accepted), timings=dict(s.clock.laps),
+                          finished=finished)
 
 
 # ---- pure helpers ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -96,9 +97,15 @@ def _grow_mask(anc: torch.Tensor, parent_rows: torch.Tensor | None, f: int) -> t
     return torch.cat([top, new_rows], dim=0)
 
 
-def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k: int) -> Candidates:
+def _no_lap(name: str) -> None:
+    pass
+
+
+def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k: int,
+                  lap: Callable[[str], None] = _no_lap) -> Candidates:
     """EAGLE-2 expansion: a beam of the top_k nodes by value, each given its top_k children, `depth`
-    times. Returns every candidate (top_k + depth * top_k^2 nodes); reranking happens later."""
+    times. Returns every candidate (top_k + depth * top_k^2 nodes); reranking happens later.
+    lap(f"draft.{d}") is called after each draft step (0: the root's children), for a PhaseClock."""
     dev = root_hidden.device
     k = min(top_k, drafter.weight.shape[0])
     tok, logp, score = topk_children(drafter.log_probs(root_hidden), torch.zeros(1, device=dev), k)
@@ -108,6 +115,7 @@ def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k
     feats, frontier_tok, frontier_score = root_hidden.expand(k, -1), parts[0].tokens, score[0]
     anc, parent_rows, n_cand = torch.zeros(0, 0, dtype=torch.bool, device=dev), None, k
     root_pos = drafter.cache.length
+    lap("draft.0")
     for d in range(1, depth + 1):
         anc = _grow_mask(anc, parent_rows, k)
         hidden = drafter.expand(frontier_tok, feats, root_pos + d - 1, anc[-k:])  # (k, H)
@@ -120,6 +128,7 @@ def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k
         frontier, feats = n_cand + best, hidden[best // k]
         frontier_tok, frontier_score = parts[-1].tokens[best], score.flatten()[best]
         n_cand += k * k
+        lap(f"draft.{d}")
     return Candidates.cat(parts)
 
 
@@ -164,10 +173,10 @@ def _long(values: list[int], device: torch.device | str) -> torch.Tensor:
 
 
 def draft_static(drafter: Drafter, root_hidden: torch.Tensor, plan: StaticPlan,
-                 generator: torch.Generator | None = None) -> Candidates:
+                 generator: torch.Generator | None = None, lap: Callable[[str], None] = _no_lap) -> Candidates:
     """EAGLE-1 static tree: the node of rank r under a parent takes the parent's r-th best draft token
     (the r-th draw without replacement when sampling with `generator`, which also records q at every
-    node). Returns the N-1 non-root nodes in tree order."""
+    node). Returns the N-1 non-root nodes in tree order; lap(f"draft.{level}") after each level."""
     widest = max(lv.width for lv in plan.levels)
     if widest > drafter.weight.shape[0]:
         raise ValueError(f"the static tree has a node of {widest} children but the draft vocabulary holds "
@@ -191,6 +200,7 @@ def draft_static(drafter: Drafter, root_hidden: torch.Tensor, plan: StaticPlan,
         picked = choice[lv.kid_row, lv.kid_rank]  # (C,)
         tokens[lv.kids] = drafter.full_ids(picked)
         logp_node[lv.kids] = logp[lv.kid_row, picked]
+        lap(f"draft.{depth}")
     scores = plan.path @ logp_node[1:]  # sum of logp along each path
     return Candidates(tokens[1:], plan.parents[1:] - 1, plan.depths[1:], logp_node[1:], scores,
                       plan.ranks[1:], q)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .decode import Generation
+from .timing import STEP_PHASES, phase_seconds
 from .trace import NodeRecord, StepRecord, Trace, TraceHeader
 
 TraceLike = Union[Trace, Generation, Iterable]  # Iterable of any of these, or an object with .trace
@@ -24,7 +25,7 @@ NODE_COLUMNS = ["trace", "prompt_id", "mode", "step", "id", "parent", "depth", "
                 "target_prob"]
 STEP_COLUMNS = ["trace", "prompt_id", "mode", "step", "prefill", "accept_length", "accepted_drafts",
                 "new_tokens", "target_forwards", "drafted", "tree_size", "max_depth", "width", "leaves",
-                "t_prefill", "t_draft", "t_verify", "t_commit", "seconds", "finished",
+                *(f"t_{p}" for p in STEP_PHASES), "seconds", "finished",
                 "total_tokens", "cfg_depth", "top_k", "temperature"]
 # Header meta keys that name the prompt, most specific first (MT-bench uses question_id).
 PROMPT_ID_KEYS = ("question_id", "prompt_id", "id")
@@ -90,7 +91,7 @@ def _step_row(i: int, header: TraceHeader, step: StepRecord) -> dict:
             "accepted_drafts": 0 if prefill else max(0, step.accept_length - 1),
             "new_tokens": len(step.new_tokens), "target_forwards": step.target_forwards,
             **tree_shape(step),
-            **{f"t_{k}": float(t.get(k, np.nan)) for k in ("prefill", "draft", "verify", "commit")},
+            **{f"t_{k}": phase_seconds(t, k) for k in STEP_PHASES},
             "seconds": float(sum(t.values())), "finished": step.finished,
             "total_tokens": cfg.get("total_tokens"), "cfg_depth": cfg.get("depth"),
             "top_k": cfg.get("top_k"), "temperature": cfg.get("temperature")}

@@ -25,3 +25,43 @@ def time_interleaved(jobs: dict[K, Callable[[], None]], repeats: int, desc: str)
             if r > 0:
                 times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+class PhaseClock:
+    """Splits one decoding round into named, disjoint phases: `lap(name)` charges the time since the
+    previous lap to `name`, so the phases of a round sum to its wall time.
+
+    On a CPU every torch op has finished when it returns, so a lap needs no synchronisation. On CUDA a
+    lap waits for the device only when `sync` is set (profiling): otherwise the round runs without host
+    syncs and only the round's total is exact (the phases then show launch time, not device time)."""
+
+    def __init__(self, device: torch.device, sync: bool = False) -> None:
+        self._sync = torch.cuda.synchronize if (sync and device.type == "cuda") else None
+        self._last = 0.0
+        self.laps: dict[str, float] = {}
+
+    def start(self) -> "PhaseClock":
+        self.laps = {}
+        self._last = self._now()
+        return self
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def _now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+
+# A round's phases in order (draft sums draft.0 .. draft.d); the prefill is step 0's only phase.
+STEP_PHASES = ("prefill", "draft", "tree", "verify", "accept", "commit", "consume", "record")
+
+
+def phase_seconds(timings: dict[str, float], phase: str) -> float:
+    """A phase's seconds in a step's timings: `draft` sums its per-step laps `draft.0`, `draft.1`, ...
+    (older traces hold a single `draft`); NaN when the step has no such phase."""
+    found = [s for name, s in timings.items() if name == phase or name.startswith(phase + ".")]
+    return sum(found) if found else float("nan")

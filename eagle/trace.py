@@ -9,7 +9,10 @@ header: {"schema", "version", "kind": "header", "generation": id, "model", "head
 step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [NodeRecord...],
          "accepted": [node ids], "bonus_token": int, "bonus_text": str, "new_tokens": [int],
          "new_text": str, "accept_length": accepted draft tokens + 1,
-         "timings": {"draft": s, "verify": s, "commit": s}, "target_forwards": int, "finished": str|null}
+         "timings": {phase: s}, "target_forwards": int, "finished": str|null}
+        timings: the round's disjoint phases, summing to its wall time: "draft.0" .. "draft.d" (one per
+        draft step), "tree", "verify" (the target forward), "accept", "commit", "consume", "record"
+        (eagle.timing.STEP_PHASES; traces before 2026-12-05 hold "draft", "verify", "commit").
         Step 0 is the prefill: no nodes, one new token, timings {"prefill": s}. The last step's
         "finished" says why the generation ended ("eos", "max_new_tokens", "context"), or
         "interrupted" (then the header's meta has "interrupted": true) when it was cut short.

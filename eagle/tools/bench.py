@@ -36,6 +36,7 @@ from ..decode import Decoder, encode_prompt, generate
 from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from ..head import head_sha256
 from ..questions import Question, load_questions, select_questions
+from ..timing import STEP_PHASES, phase_seconds
 from ..markdown import markdown_table
 from ..lossless import first_divergence, is_precision_flip, logit_gap_at
 from ..target import DTYPES, Target, dtype_name
@@ -458,8 +459,7 @@ def steps_table(results: list[Result], configs: dict[str, dict]):
                          "mode": r.mode, "kind": s.mode, "step": s.step, "accept_length": s.accept_length,
                          "new_tokens": len(s.new_tokens), "target_forwards": s.target_forwards,
                          "drafted": max(0, len(s.nodes) - 1), "verified": sum(n.kept for n in s.nodes[1:]),
-                         **{f"t_{k}": s.timings.get(k, math.nan) for k in ("prefill", "draft", "verify", "commit",
-                                                                          "generate")},
+                         **{f"t_{k}": phase_seconds(s.timings, k) for k in (*STEP_PHASES, "generate")},
                          "finished": s.finished, **{k: cfg.get(k) for k in (*BUDGET_FIELDS, "temperature")}})
     return pd.DataFrame(rows)
 
