@@ -42,9 +42,9 @@ class Models:
     target: Target
     head: AnyHead
     head_source: str
-    # head_type and head_version (the weights hash) for trace headers: hashed once, at load, on the torch
-    # thread (hashing converts every weight, a torch call no script thread may make: app.worker)
-    head_identity: dict[str, str | None] = field(default_factory=dict)
+    # head_type, head_version (the weights hash) and head_layout for trace headers: hashed once, at load, on
+    # the torch thread (hashing converts every weight, a torch call no script thread may make: app.worker)
+    head_identity: dict[str, str | dict | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -18,7 +18,9 @@ from .head import head_identity
 from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
 from .target import DEFAULT_MODEL, dtype_name
 from .tools.bench import main as bench_main
+from .layouts import CONVENTIONS, FORMATS, LABELS
 from .tools.budget import auto_config, tuned_config
+from .tools.headexport import export_head
 from .tools.tokenmap import export_token_map
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
 from .training.commands import main as training_main
@@ -137,6 +139,14 @@ def cmd_export_token_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_head(args: argparse.Namespace) -> int:
+    layout = export_head(args.head, args.format, args.out, args.overwrite, args.verifier, args.model)
+    ids = "" if layout.layer_ids is None else f", layer ids {list(layout.layer_ids)}"
+    print(f"read {args.head} as {LABELS[layout.name]} ({CONVENTIONS[layout.convention]}{ids}); "
+          f"wrote {LABELS[args.format]} to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=DEFAULT_MODEL, help="the target the shipped head belongs to")
     t.add_argument("--force", action="store_true", help="replace --out if it exists")
     t.set_defaults(func=cmd_export_token_map)
+    e = sub.add_parser("export-head",
+                       help="write a head in the layout SGLang (eagle3, eagle) or vLLM (speculators) loads")
+    e.add_argument("--head", required=True, help="head directory in any layout this decoder reads, or auto: the "
+                   "shipped head for --model")
+    e.add_argument("--format", choices=FORMATS, required=True,
+                   help="eagle3: SpecForge's EAGLE-3 (SGLang); speculators: vLLM; eagle: official EAGLE-1/2")
+    e.add_argument("--out", type=Path, required=True, help="the directory to write (new or empty)")
+    e.add_argument("--overwrite", action="store_true", help="replace a head already in --out")
+    e.add_argument("--verifier", default=None, help="speculators: the target's name or path to record")
+    e.add_argument("--model", default=DEFAULT_MODEL, help="the target whose shipped head --head auto means")
+    e.set_defaults(func=cmd_export_head)
     for name in DELEGATED:
         sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
     return parser

@@ -3,22 +3,21 @@ and the target's own lm_head. Loads and saves the official checkpoint layout."""
 from __future__ import annotations
 
 import hashlib
-import pickle
 from pathlib import Path
 
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .files import atomic_write, atomic_write_json, read_json_object
-from .head3 import ARCHITECTURE as EAGLE3_ARCHITECTURE
-from .head3 import LAYER_IDS_KEY, Eagle3Head, attention_inputs, eagle3_feature_layers, top_token_ids
+from .files import atomic_write
+from .head3 import Eagle3Head, attention_inputs, eagle3_feature_layers, llama_attention, top_token_ids
 from .kvcache import ChainKeys, KVCache
+from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
+from .layouts import read_tensors, write_checkpoint
 from .resources import resource_path
 from .target import hub_offline, looks_like_path, with_legacy_keys
 
@@ -49,11 +48,12 @@ def _rope_theta(config) -> float:
 
 
 class DraftLayer(nn.Module):
-    """A Llama decoder layer whose input RMSNorm is skipped (the fc output feeds attention directly)."""
+    """A Llama decoder layer whose input RMSNorm is skipped (the fc output feeds attention directly);
+    q/k/v carry biases when the config says qkv_bias (EAGLE-Qwen2 heads)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.self_attn = llama_attention(config, config.hidden_size, bool(getattr(config, "qkv_bias", False)))
         self.mlp = LlamaMLP(config)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -68,6 +68,7 @@ class DraftHead(nn.Module):
     later draft steps are fed."""
     kind = "eagle1"  # the EAGLE-1/2 layout (EAGLE-2 changed the tree, not the head)
     feature_layers = None  # drafts from the target's post-norm last hidden state (Target.forward's default)
+    layout: HeadLayout | None = None  # the layout it was read from or made in (load_head, new_head)
 
     def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding | None = None) -> None:
         super().__init__()
@@ -124,7 +125,7 @@ AnyHead = DraftHead | Eagle3Head  # the two head layouts the drafter and the tra
 HEAD_KINDS = (DraftHead.kind, Eagle3Head.kind)  # eagle1: EAGLE-1/2 layout; eagle3: EAGLE-3 layout
 
 
-def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
+def check_head_matches(config: LlamaConfig, target_config, source: str | Path) -> None:
     """The head's vocabulary and the width of the target features it reads (an EAGLE-3 config's
     target_hidden_size when given) must be the target's."""
     fields = {"vocab_size": config.vocab_size,
@@ -136,11 +137,9 @@ def check_head_matches(config: LlamaConfig, target_config, source: str) -> None:
                                     "it was trained for another model.")
 
 
-def read_head_config(path: Path) -> LlamaConfig:
-    """config.json of a head directory as a one-layer LlamaConfig; one sentence naming the file
-    when it is not valid JSON or its sizes cannot make attention heads."""
-    file = path / "config.json"
-    fields = read_json_object(file, "Head config")
+def head_config(fields: dict, file: Path) -> LlamaConfig:
+    """A head's config fields (eagle.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
+    sentence naming the file when its sizes cannot make attention heads or transformers refuses it."""
     _check_head_sizes(fields, file)
     try:
         return LlamaConfig(**{**fields, "num_hidden_layers": 1})
@@ -163,54 +162,72 @@ def _check_head_sizes(fields: dict, file: Path) -> None:
                          f"num_key_value_heads {kv}.")
 
 
+def read_head(path: str | Path, target_config=None) -> tuple[Checkpoint, LlamaConfig]:
+    """A head directory in any layout eagle.layouts reads, its config built (and matched to the target's
+    when given: that sentence says more than a shape) and every tensor checked by name and shape against
+    the module it will load into (built on the meta device: no memory)."""
+    ckpt = read_checkpoint(path)
+    config = head_config(ckpt.fields, ckpt.config_file)
+    if target_config is not None:
+        check_head_matches(config, target_config, ckpt.config_file)
+    with torch.device("meta"):
+        _check_tensors(_build(ckpt, config, None, None), ckpt)
+    return ckpt, config
+
+
+def _build(ckpt: Checkpoint, config: LlamaConfig, layers: tuple[int, ...] | None,
+           embed: nn.Embedding | None) -> AnyHead:
+    """The module for a checkpoint: an EAGLE-3 head's fc is sized by how many layers it reads."""
+    if ckpt.layout.kind == "eagle1":
+        return DraftHead(config, embed)
+    count = len(ckpt.layout.layer_ids or ()) or 3  # the paper's three when none are recorded
+    return Eagle3Head(config, layers or tuple(range(count)), embed)
+
+
+def _check_tensors(head: AnyHead, ckpt: Checkpoint) -> None:
+    """Every tensor the layout needs, none it does not hold, each of the shape config.json implies."""
+    own, file, label = head.state_dict(), ckpt.weights_file, LABELS[ckpt.layout.name]
+    missing = [k for k in own if k not in ckpt.state and not k.startswith("embed_tokens.")]
+    unexpected = [k for k in ckpt.state if k not in own]
+    if missing:
+        raise HeadLayoutError(f"{file} lacks the tensor {missing[0]} that the {label} layout needs"
+                              f"{f' ({len(missing)} missing)' if len(missing) > 1 else ''}.")
+    if unexpected:
+        raise HeadLayoutError(f"{file} holds {unexpected[0]}, which is no tensor of the {label} layout as its "
+                              f"config.json describes it{f' ({len(unexpected)} such)' if len(unexpected) > 1 else ''}.")
+    wrong = [f"{k} {tuple(v.shape)} (config.json says {tuple(own[k].shape)})" for k, v in ckpt.state.items()
+             if v.shape != own[k].shape]
+    if wrong:
+        raise HeadMismatchError(f"Head {file}: the weights do not match its config.json: {', '.join(wrong[:3])}.")
+
+
 def load_head(path: str | Path, target=None) -> AnyHead:
-    """Load an official EAGLE head directory (config.json + model.safetensors or pytorch_model.bin),
-    EAGLE-1/2 or EAGLE-3 (told apart by config architectures or midlayer.* weights). Without
-    `embed_tokens` in the file, the target's embedding is shared (target is then required)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"No draft head at {path}: expected a directory with config.json and weights.")
-    config = read_head_config(path)
-    if target is not None:
-        check_head_matches(config, target.config, str(path))
-    state = _read_weights(path)
+    """Load a head directory in any public layout (eagle.layouts: official EAGLE-1/2 and EAGLE-3,
+    SpecForge, vLLM speculators); its layer ids become Target.forward's feature_layers and the layout
+    is kept as head.layout. Without `embed_tokens` in the file, the target's embedding is shared
+    (target is then required, as it is for an EAGLE-3 head that records no layer ids)."""
+    ckpt, config = read_head(path, None if target is None else target.config)
     embed = None
-    if "embed_tokens.weight" not in state:
+    if "embed_tokens.weight" not in ckpt.state:
         if target is None:
             raise ValueError(f"Head {path} has no embed_tokens: pass its target to share the embedding.")
         if config.hidden_size != target.config.hidden_size:
-            raise HeadMismatchError(f"Head {path} has hidden_size {config.hidden_size} but no embed_tokens, and the "
-                                    f"target's embedding is {target.config.hidden_size} wide.")
+            raise HeadMismatchError(f"Head {ckpt.config_file} has hidden_size {config.hidden_size} but no "
+                                    f"embed_tokens, and the target's embedding is {target.config.hidden_size} wide.")
         embed = target.model.model.embed_tokens
-    if is_eagle3(config, state):
-        head = Eagle3Head(config, _eagle3_layers(config, target, path), embed)
-    else:
-        head = DraftHead(config, embed)
-    _load_state(head, state, path)
-    _load_counts(head, path)
+    layers = None
+    if ckpt.layout.kind == "eagle3":
+        if target is None and ckpt.layout.layer_ids is None:
+            raise ValueError(f"Head {ckpt.config_file} does not record its feature layers: pass its target.")
+        n = target.config.num_hidden_layers if target is not None else None
+        layers = ckpt.layout.feature_layers(n, ckpt.config_file) if n else ckpt.layout.input_ids()
+    head = _build(ckpt, config, layers, embed)
+    head.load_state_dict(ckpt.state, strict=False)  # names and shapes checked by read_head
+    head.layout = ckpt.layout
+    _load_counts(head, Path(path))
     device = target.device if target is not None else "cpu"
     dtype = target.dtype if target is not None else torch.float32
     return head.to(device=device, dtype=dtype).eval()
-
-
-def is_eagle3(config: LlamaConfig, state: dict[str, torch.Tensor]) -> bool:
-    return EAGLE3_ARCHITECTURE in (config.architectures or []) or any(k.startswith("midlayer.") for k in state)
-
-
-def _eagle3_layers(config: LlamaConfig, target, path: Path) -> tuple[int, ...]:
-    """The target layers an EAGLE-3 head drafts from: as its config records them (SpecForge's
-    eagle_config), else the paper's 2, L//2, L-3 of the target."""
-    ids = (getattr(config, "eagle_config", None) or {}).get(LAYER_IDS_KEY)
-    n = None if target is None else target.config.num_hidden_layers
-    if ids is None:
-        if n is None:
-            raise ValueError(f"Head {path} does not record its feature layers (eagle_config.{LAYER_IDS_KEY}): "
-                             "pass its target.")
-        return eagle3_feature_layers(n)
-    if not (isinstance(ids, list) and ids and all(type(i) is int and 0 <= i <= (n or i) for i in ids)):
-        raise HeadMismatchError(f"Head {path}: eagle_config.{LAYER_IDS_KEY} {ids!r} are not layers of the target"
-                                f"{'' if n is None else f' ({n} layers)'}.")
-    return tuple(ids)
 
 
 def _load_counts(head: AnyHead, path: Path) -> None:
@@ -220,48 +237,6 @@ def _load_counts(head: AnyHead, path: Path) -> None:
             raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of "
                              f"{head.config.vocab_size}.")
         head.token_counts.copy_(counts)
-
-
-def _load_state(head: AnyHead, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Weights into the head, checked name by name and shape by shape against config.json."""
-    own = head.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (config.json says {tuple(own[k].shape)})" for k, v in state.items()
-             if k in own and v.shape != own[k].shape]
-    if wrong:
-        raise HeadMismatchError(f"Head {path}: the weights do not match its config.json: {', '.join(wrong[:3])}.")
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "embed_tokens.weight"]
-    if missing or unexpected:
-        raise ValueError(f"Head {path} does not have the EAGLE layout: missing {missing}, unexpected {unexpected}")
-
-
-def read_tensors(file: Path, fix: str = "copy it again") -> dict[str, torch.Tensor]:
-    """A safetensors file, or one sentence naming it when it is torn or not safetensors at all."""
-    try:
-        return load_file(str(file))
-    except SafetensorError as err:
-        raise ValueError(f"{file} is corrupt or incomplete ({err}): {fix}.") from None
-
-
-def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
-    # torch's own message runs to several lines of advice about weights_only; the file's name and
-    # what to do are the useful part
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError):
-        raise ValueError(f"{file} is corrupt or incomplete (not a readable PyTorch state dict): copy it again.") \
-            from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{file} is not a state dict of tensors: copy it again.")
-    return state
-
-
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").is_file():
-        return read_tensors(path / "model.safetensors")
-    if (path / "pytorch_model.bin").is_file():
-        return _read_pickle(path / "pytorch_model.bin")
-    raise FileNotFoundError(f"Head {path} has config.json but no model.safetensors or pytorch_model.bin.")
 
 
 def head_sha256(head: AnyHead) -> str:
@@ -276,29 +251,26 @@ def head_sha256(head: AnyHead) -> str:
     return h.hexdigest()[:16]
 
 
-def head_identity(head: AnyHead | None) -> dict[str, str | None]:
-    """What a trace header records of the head: its type and version (head_sha256); None without one."""
+def head_identity(head: AnyHead | None) -> dict[str, str | dict | None]:
+    """What a trace header records of the head: its type, version (head_sha256) and the layout it was
+    read from with its layer-id convention (eagle.layouts.HeadLayout.describe); None without one."""
     if head is None:
-        return {"head_type": None, "head_version": None}
-    return {"head_type": head.kind, "head_version": head_sha256(head)}
+        return {"head_type": None, "head_version": None, "head_layout": None}
+    layout = head.layout.describe() if head.layout is not None else None
+    return {"head_type": head.kind, "head_version": head_sha256(head), "head_layout": layout}
 
 
 def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
-              dtype: torch.dtype = torch.float16) -> None:
-    """Save in the official layout of the head's kind (no rotary buffers; embed_tokens only when
-    asked; d2t/t2d keep their integer and bool types). Each file is replaced atomically
-    (eagle.files), so a crash or a concurrent save never leaves a torn file."""
+              dtype: torch.dtype = torch.float16, fmt: str | None = None) -> None:
+    """Save in a public layout (default: official EAGLE-1/2 for an EAGLE-1/2 head, SpecForge's EAGLE-3,
+    which SGLang loads, for an EAGLE-3 head; fmt: any of eagle.layouts.FORMATS that fits). No rotary
+    buffers; embed_tokens only when asked; d2t/t2d keep their integer and bool types. Each file is
+    replaced atomically (eagle.files), so a crash or a concurrent save never leaves a torn file."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
              for k, v in head.state_dict().items() if include_embedding or not k.startswith("embed_tokens.")}
-    atomic_write(path / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
-    config = with_legacy_keys(head.config.to_dict(), dtype)
-    config["architectures"] = ["LlamaForCausalLM"]
-    if head.kind == "eagle3":
-        config.update(architectures=[EAGLE3_ARCHITECTURE], draft_vocab_size=head.lm_head.out_features,
-                      eagle_config={LAYER_IDS_KEY: list(head.feature_layers)})
-    atomic_write_json(path / "config.json", config)
+    fmt = fmt or (EAGLE3 if head.kind == "eagle3" else EAGLE)
+    write_checkpoint(path, fmt, head.config.to_dict(), state, head.feature_layers)
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
         atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
@@ -313,10 +285,12 @@ def new_head(target, seed: int = 0, kind: str = "eagle1", draft_ids: torch.Tenso
     embed = target.model.model.embed_tokens
     if kind == "eagle1":
         head = DraftHead(head_config_from_target(target.config), embed)
+        head.layout = HeadLayout("new", LAST)
     else:
         k = target.config.vocab_size if draft_ids is None else draft_ids.numel()
         config = head_config_from_target(target.config, bias=None, draft_vocab_size=k)
         head = Eagle3Head(config, eagle3_feature_layers(target.config.num_hidden_layers), embed)
+        head.layout = HeadLayout("new", INPUT, head.feature_layers)
     head.apply(lambda m: _init_linear(m, target.config.initializer_range))
     if draft_ids is not None:
         if kind != "eagle3":

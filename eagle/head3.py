@@ -5,6 +5,8 @@ follow the official checkpoint layout (fc, midlayer.*, norm, lm_head, d2t, t2d);
 live in eagle.head beside the EAGLE-1/2 head's."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from transformers import LlamaConfig
@@ -12,8 +14,11 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from .kvcache import CacheWriter, ChainKeys, KVCache, prefix_mask
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of an official EAGLE-3 head
-LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # under config["eagle_config"], as SpecForge and vLLM write it
+if TYPE_CHECKING:
+    from .layouts import HeadLayout
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of a SpecForge / SGLang EAGLE-3 head
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # its conventions differ by layout: eagle.layouts
 
 
 def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
@@ -44,34 +49,40 @@ def attention_inputs(cache: KVCache | None, start: int, n_new: int, tree_mask: t
     return mask, cache.writer(start, n_new)
 
 
-def _wide_attention(config: LlamaConfig) -> LlamaAttention:
-    """Llama attention whose q/k/v projections read 2H inputs; o_proj still writes H."""
+def llama_attention(config: LlamaConfig, in_features: int, qkv_bias: bool = False) -> LlamaAttention:
+    """Llama attention whose q/k/v projections read `in_features` inputs (2H for EAGLE-3) and, with
+    qkv_bias, carry biases (EAGLE-Qwen2 heads: biased q/k/v, unbiased o_proj, which config.attention_bias
+    cannot say); o_proj still writes H."""
     attn = LlamaAttention(config, layer_idx=0)
     for name in ("q_proj", "k_proj", "v_proj"):
         narrow = getattr(attn, name)
-        setattr(attn, name, nn.Linear(2 * config.hidden_size, narrow.out_features, bias=narrow.bias is not None))
+        setattr(attn, name, nn.Linear(in_features, narrow.out_features, bias=qkv_bias or narrow.bias is not None))
     return attn
 
 
 class Eagle3Layer(nn.Module):
     """The official `midlayer`: the fused feature and the token embedding are normed separately
     (hidden_norm, input_layernorm), concatenated embedding first, and attended over; the residual
-    stream is the un-normed fused feature."""
+    stream is the un-normed fused feature (the normed one under speculators' norm_before_residual)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.hidden_norm = LlamaRMSNorm(h, eps=eps)
         self.input_layernorm = LlamaRMSNorm(h, eps=eps)
-        self.self_attn = _wide_attention(config)
+        self.self_attn = llama_attention(config, 2 * h)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(config)
+        # speculators' variant: the residual stream starts from the normed feature, not the raw one
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
 
     def forward(self, embeds: torch.Tensor, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache) -> torch.Tensor:
         """embeds, x: (B, T, H) token embeddings and fused features -> (B, T, H)."""
-        wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(x)], dim=-1)  # (B, T, 2H)
-        x = x + self.self_attn(wide, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
+        normed = self.hidden_norm(x)
+        wide = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H)
+        residual = normed if self.norm_before_residual else x
+        x = residual + self.self_attn(wide, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -79,6 +90,7 @@ class Eagle3Head(nn.Module):
     """forward returns the layer's output hidden state (B, T, H), the feature later draft steps are
     fed; `logit_features` (the final norm) turns it into what lm_head scores."""
     kind = "eagle3"
+    layout: HeadLayout | None = None  # the layout it was read from or made in (set by eagle.head)
 
     def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...],
                  embed_tokens: nn.Embedding | None = None) -> None:

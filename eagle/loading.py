@@ -11,10 +11,11 @@ from .head import locate_head, resolve_head
 from .target import DEFAULT_MODEL, DTYPE_CHOICES, load_target
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
-  --total-tokens  total_token / --speculative-num-draft-tokens / (tree verified nodes, root included)
+  --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified
+                  nodes, root included; vLLM's static tree: speculative_token_tree, like --mode static)
   --depth         depth / --speculative-num-steps = depth + 1 (SGLang counts levels) / num_speculative_tokens
-                  = depth + 1 for a chain (top_k 1)
-  --top-k         top_k / --speculative-eagle-topk / -
+                  = depth + 1 for a chain (top_k 1), the longest path of speculative_token_tree for a tree
+  --top-k         top_k / --speculative-eagle-topk / - (spelled out node by node in speculative_token_tree)
   --draft-vocab   FR-Spec's reduced draft vocabulary / --speculative-token-map (see export-token-map) / -
 presets: paper = 60/6/10 (the EAGLE-2 paper; the official scripts default to depth 5); cpu = a fixed small tree"""
 

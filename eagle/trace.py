@@ -5,7 +5,9 @@ line per round; every record carries the generation's id, so records of two gene
 
 header: {"schema", "version", "kind": "header", "generation": id, "model", "head",
          "config": DecodeConfig fields, "prompt": str, "prompt_tokens": int, "meta": {...},
-         "head_type": "eagle1"|"eagle3"|null, "head_version": head_sha256|null (optional: older files lack them)}
+         "head_type": "eagle1"|"eagle3"|null, "head_version": head_sha256|null,
+         "head_layout": {"name", "convention", "layer_ids", "source"}|null: the checkpoint layout the head
+         was read from and how its layer ids read (eagle.layouts.HeadLayout; optional: older files lack these)}
 step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [NodeRecord...],
          "accepted": [node ids], "bonus_token": int, "bonus_text": str, "new_tokens": [int],
          "new_text": str, "accept_length": accepted draft tokens + 1,
@@ -101,6 +103,7 @@ class TraceHeader:
     generation: str = field(default_factory=new_generation_id)
     head_type: str | None = None  # "eagle1" (EAGLE-1/2 layout) or "eagle3"; None without a head
     head_version: str | None = None  # eagle.head.head_sha256 of the head's weights
+    head_layout: dict | None = None  # eagle.layouts.HeadLayout.describe(): layout name and layer-id convention
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "kind": "header", **asdict(self)}
@@ -183,7 +186,7 @@ def append_trace(path: str | Path, trace: Trace) -> None:
 # string where a number belongs (a record that fails is skipped and counted, never half-used).
 HEADER_FIELDS = {"model": "str", "head": "str?", "config": "dict", "prompt": "str", "prompt_tokens": "int"}
 HEADER_OPTIONAL = {"schema": "str", "version": "int", "kind": "str", "meta": "dict", "generation": "str",
-                   "head_type": "str?", "head_version": "str?"}
+                   "head_type": "str?", "head_version": "str?", "head_layout": "dict?"}
 STEP_FIELDS = {"step": "int", "mode": "str", "nodes": "list", "accepted": "ints", "bonus_token": "int",
                "bonus_text": "str", "new_tokens": "ints", "new_text": "str", "accept_length": "int"}
 STEP_OPTIONAL = {"kind": "str", "generation": "str", "timings": "numdict", "target_forwards": "int",
@@ -234,7 +237,8 @@ def _parse(line: str) -> TraceHeader | tuple[str | None, StepRecord]:
         _check_fields(obj, HEADER_FIELDS, HEADER_OPTIONAL, TraceHeader, "header")
         fields = {k: obj[k] for k in HEADER_FIELDS}
         return TraceHeader(**fields, meta=obj.get("meta", {}), generation=obj.get("generation", ""),
-                           head_type=obj.get("head_type"), head_version=obj.get("head_version"))
+                           head_type=obj.get("head_type"), head_version=obj.get("head_version"),
+                           head_layout=obj.get("head_layout"))
     if obj.get("kind") == "step":
         _check_fields(obj, STEP_FIELDS, STEP_OPTIONAL, StepRecord, "step")
         for node in obj["nodes"]:

@@ -153,9 +153,11 @@ def test_the_reference_comparison_catches_a_wrong_layout(tmp_path, tiny, inputs,
     if fault == "swapped norms":
         bad["midlayer.hidden_norm.weight"] = state["midlayer.input_layernorm.weight"]
         bad["midlayer.input_layernorm.weight"] = state["midlayer.hidden_norm.weight"]
-    elif fault == "wrong d2t":
+    elif fault == "wrong d2t":  # consistent with t2d (else the loader refuses it), but the wrong map
         bad["d2t"] = state["d2t"].clone()
-        bad["d2t"][1] += 1  # draft token 1 -> target 3 instead of 2
+        bad["d2t"][1] -= 1  # draft token 1 -> target 1 instead of 2
+        bad["t2d"] = state["t2d"].clone()
+        bad["t2d"][1], bad["t2d"][2] = True, False
     else:
         bad["fc.weight"] = state["fc.weight"].reshape(3 * H, H).T.contiguous()  # same shape, other order
     head = load_head(write_checkpoint(tmp_path / "h", bad), tiny)
@@ -180,7 +182,8 @@ def test_saving_writes_the_official_layout(tmp_path, tiny, inputs):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["draft_vocab_size"] == 8 and config["rope_theta"] == THETA
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    # SpecForge's convention, which SGLang reads: id i is the output of layer i, so inputs 2, 4, 5 are 1, 3, 4
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     again = load_head(tmp_path / "out", tiny)
     assert torch.equal(_draft(again, tiny, *inputs)[1], _draft(head, tiny, *inputs)[1])
 
@@ -291,11 +294,12 @@ def test_prepare_train_and_decode_with_an_eagle3_head(target, tmp_path):
 def test_the_trace_header_says_which_head_drafted(tmp_path, tiny):
     head = new_head(tiny, seed=2, kind="eagle3", draft_ids=DRAFT_IDS)
     identity = head_identity(head)
-    assert identity == {"head_type": "eagle3", "head_version": head_sha256(head)}
+    layout = {"name": "new", "convention": "input", "layer_ids": [2, 4, 5], "source": None}
+    assert identity == {"head_type": "eagle3", "head_version": head_sha256(head), "head_layout": layout}
     header = TraceHeader("tiny", "random", {}, "p", 3, **identity)
     write_trace(tmp_path / "t.jsonl", [Trace(header, [])])
     back = read_trace(tmp_path / "t.jsonl")[0][0].header
-    assert (back.head_type, back.head_version) == ("eagle3", head_sha256(head))
+    assert (back.head_type, back.head_version, back.head_layout) == ("eagle3", head_sha256(head), layout)
     assert head_identity(new_head(tiny, seed=2))["head_type"] == "eagle1" and head_identity(None)["head_type"] is None
 
 
