@@ -57,6 +57,7 @@ def test_interpolated_costs() -> None:
     assert best_tree_size(values, steep, 192) == 8 and best_tree_size(values, steep, 2048) < 8
 
 
+@pytest.mark.slow
 def test_adaptive_rounds_stay_lossless(target, trained_head, mt_prompts) -> None:
     """A cost table that makes sizes vary from round to round; greedy output must not change."""
     costs = RoundCosts(tuple(0.04 + 0.004 * n for n in range(16)), 0.01, 1.0)

@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 APP, PAGES = ROOT / "app" / "main.py", ROOT / "app" / "pages"
 TIMEOUT = 180  # seconds per script run: a loaded 2-core CI box decodes slowly
 SMALL = dict(max_new_tokens=8, total_tokens=8, depth=2, top_k=3)
+# Every page loads the real model pair and shows its auto budget (conftest's dashboard_budget: chosen once
+# per run, before the first page runs, so no page waits on it inside AppTest's timeout).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dashboard_budget")]
 
 
 def _page(name: str) -> AppTest:
@@ -51,13 +54,8 @@ def _no_trouble(at: AppTest) -> None:
 
 
 @pytest.fixture(scope="module")
-def live(target) -> AppTest:
-    """The router, a typed prompt, small settings: one real generation. The auto budget is chosen
-    first, outside AppTest's per-run timeout (scripts/setup.sh has usually cached it already)."""
-    from eagle.tools.budget import auto_config
-    from eagle.config import DecodeConfig
-    from eagle.head import resolve_head
-    auto_config(target, resolve_head(target, "auto")[0], DecodeConfig())
+def live() -> AppTest:
+    """The router, a typed prompt, small settings: one real generation."""
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     _no_trouble(at)
     assert "Type a prompt" in at.info[0].value
@@ -266,6 +264,9 @@ def test_dtype_is_shown_and_keys_the_model_pair():
     assert badge == "Draft head: trained head (eagle/resources/heads/smollm2-135m-instruct)"  # no machine path
     kind = next(c.value for c in at.sidebar.caption if c.value.startswith("Head type"))
     assert kind.startswith("Head type: **EAGLE-1/2 head** · version `") and auto.head_identity["head_version"] in kind
+    # The float32 pair's auto budget is measured here, outside AppTest's timeout (the run's cache starts empty).
+    fp32 = state.model_spec("float32")
+    state._auto_budget(fp32, 0, state._load_models(*fp32))
     at.sidebar.selectbox(key="dtype").set_value("float32").run()
     _no_trouble(at)
     named = state._load_models(DEFAULT_MODEL, "auto", "float32")

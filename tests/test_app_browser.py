@@ -43,7 +43,9 @@ def no_trouble(drv) -> None:
     assert "Traceback" not in bench_live.body_text(drv)
 
 
-def test_live_page_streams_and_keeps_its_work(tmp_path, capsys):
+@pytest.mark.slow
+def test_live_page_streams_and_keeps_its_work(tmp_path, capsys, dashboard_budget):
+    # dashboard_budget: the server reads the auto budget from the run's cache instead of measuring it
     with bench_live.streamlit_server(tmp_path / "streamlit.log") as url, bench_live.chromium() as drv:
         wait = WebDriverWait(drv, 240, poll_frequency=0.5)
         bench_live.open_live(drv, url, MAX_NEW_TOKENS)

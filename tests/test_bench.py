@@ -22,6 +22,7 @@ def _bench(out, capsys, *extra):
     return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_and_resume(tmp_path, capsys):
     rc, summary = _bench(tmp_path, capsys)
     assert rc == 0
@@ -63,6 +64,7 @@ def test_changed_settings_need_a_new_out(tmp_path, capsys):
     assert "was made with max_new_tokens=4 (this run: 5)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_second_turn_builds_on_the_first_answer(tmp_path, capsys):
     rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--turns", "2", "--max-new-tokens", "6", "--modes",
                "vanilla,dynamic", "--head", "random", "--out", str(tmp_path), "--json", *BUDGET])
@@ -106,6 +108,7 @@ def test_mode_specs():
     assert typed[1].slug == "dynamic-auto-bfloat16"
 
 
+@pytest.mark.slow
 def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""

@@ -114,6 +114,7 @@ def test_a_cache_timed_under_load_is_stale():
     assert 0 < budget.probe_t1(target, head, prefix_len=8, repeats=2) < 1
 
 
+@pytest.mark.slow
 def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "cache_dir", lambda: tmp_path)
     base = DecodeConfig(max_new_tokens=7)

@@ -68,6 +68,7 @@ def test_reduced_draft_vocabulary_is_lossless(target, trained_head, vanilla_refs
             assert max(n.depth for n in s.nodes) == depth + 1
 
 
+@pytest.mark.slow
 def test_paper_budget_is_lossless_too(target, random_head, vanilla_refs):
     ids, ref = vanilla_refs[0]
     g = _tokens(target, random_head, ids, mode="dynamic", max_new_tokens=32)  # defaults: 60 / 6 / 10
@@ -131,6 +132,7 @@ def _exact_two_token_dist(target, prompt, temperature, top_p):
     ("dynamic", 1.3, 0.9, 0, torch.float32), ("dynamic", 0.8, 1.0, 3, torch.float32),
     ("static", 0.8, 1.0, 4, torch.float32),  # the draft sees 3 or 4 of the 6 tokens
     ("dynamic", 0.7, 1.0, 0, torch.bfloat16), ("static", 0.8, 1.0, 4, torch.bfloat16)])
+@pytest.mark.slow
 def test_sampling_preserves_the_target_distribution(mode, temperature, top_p, draft_vocab, dtype, single_thread):
     """Chi-square of the first two new tokens over many seeds against the exact p(x1) p(x2 | x1).
     The second token comes from a drafted round (accepted draft or bonus), so this checks the tree

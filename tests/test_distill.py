@@ -93,6 +93,7 @@ def test_the_committed_store_reads_back() -> None:
     assert all(r["conversations"][-1]["from"] == "gpt" for r in records)
 
 
+@pytest.mark.slow
 def test_prepare_self_distill_and_warm_start(target, tmp_path: Path, single_thread) -> None:
     feats = tmp_path / "features"
     stats = prepare_features(target, feats, n_conversations=8, max_len=64, heldout_fraction=0.3,

@@ -2,13 +2,12 @@
 transformers 4.x) read, and a head saved here round-trips through them."""
 import json
 import os
-import subprocess
-import sys
 
 import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaConfig
 
+from eagle import cli
 from eagle.head import load_head, save_head, shipped_head_path
 from eagle.target import CONVERT_FILE, CONVERT_FORMAT, TOKENIZER_CLASS, resolve_model_path
 
@@ -43,13 +42,12 @@ def test_saved_head_round_trips_through_the_official_keys(tmp_path, trained_head
     assert torch.equal(again.fc.weight, trained_head.fc.weight)  # fp16 weights, saved and read back exactly
 
 
-def test_head_hub_id_offline_is_one_sentence():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "eagle", "generate", "--prompt", "hi", "--max-new-tokens", "2",
-                          "--head", "yuhuili/EAGLE-no-such-head-18"], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
+def test_head_hub_id_offline_is_one_sentence(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # eagle reads it at each lookup: in-process is the same CLI
+    code = cli.main(["generate", "--prompt", "hi", "--max-new-tokens", "2", "--head", "yuhuili/EAGLE-no-such-head-18"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "--head yuhuili/EAGLE-no-such-head-18" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
 
 

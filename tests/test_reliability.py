@@ -1,5 +1,6 @@
 """Bad input and long runs: clear errors, nothing lost, the cache never overflows; and issue 16's
 integrity cases: concurrent writers, kill -9 of every resumable job, a corrupted-file matrix."""
+import io
 import json
 import multiprocessing
 import os
@@ -31,7 +32,7 @@ from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
 from eagle.files import BusyError, exclusive_lock, run_guarded
 from eagle.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
-from eagle.target import DEFAULT_MODEL, cache_dir, load_target
+from eagle.target import DEFAULT_MODEL, load_target, resolve_model_path
 from eagle.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
                          read_trace, write_trace)
 from tests.tiny import tiny_pair
@@ -54,6 +55,7 @@ def test_out_of_range_parameters_are_one_clear_sentence(field, value, message):
 
 @pytest.mark.parametrize("mode, temperature", [("vanilla", 0.0), ("static", 0.0), ("dynamic", 0.0),
                                                ("static", 0.9), ("dynamic", 0.9)])
+@pytest.mark.slow
 def test_1024_new_tokens_in_every_mode(mode, temperature):
     target, head = tiny_pair(vocab=16, seed=2, eos=None)
     target.model.config.max_position_embeddings = 2048
@@ -398,7 +400,7 @@ def test_a_rewritten_version_1_trace_still_reads(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = AutoTokenizer.from_pretrained(cache_dir() / DEFAULT_MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))  # converted once per run
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
@@ -479,6 +481,7 @@ def tiny_features(tiny_target, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_prepare_killed_mid_run_resumes_to_the_same_shards(tiny_dir, tiny_target, tiny_features, tmp_path):
     out = tmp_path / "features"
     _killed("prepare", tiny_dir, 5, out_dir=str(out), **PREPARE)
@@ -567,6 +570,7 @@ def _weights(head_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(head_dir / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_train_killed_mid_run_resumes_to_the_same_head(tiny_dir, tiny_target, tiny_features, tmp_path):
     reference = train.train_head(tiny_target, tiny_features, tmp_path / "ref", **TRAIN)
     out = tmp_path / "run"
@@ -665,6 +669,7 @@ def _records(store: Path) -> dict[int, dict]:
     return {r["id"]: r for r in DistillStore.open(store).records()}
 
 
+@pytest.mark.slow
 def test_distill_killed_mid_run_resumes_to_the_same_replies(tiny_dir, tiny_target, tmp_path):
     convs = read_sharegpt(limit=DISTILL["n"])[0]
     cfg = DistillConfig(**DISTILL["cfg"])
@@ -742,6 +747,7 @@ def bench_reference(tiny_dir, tmp_path_factory) -> dict[tuple, list[int]]:
     return _stored(root / "out")
 
 
+@pytest.mark.slow
 def test_two_bench_runs_on_one_out_never_do_the_work_twice(tiny_dir, bench_reference, tmp_path):
     dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
     procs = [_eagle("bench", *_bench_args(tiny_dir, dataset, tmp_path / "out")) for _ in range(2)]
@@ -751,6 +757,7 @@ def test_two_bench_runs_on_one_out_never_do_the_work_twice(tiny_dir, bench_refer
     assert 0 in [rc for rc, _ in results] and _stored(tmp_path / "out") == bench_reference
 
 
+@pytest.mark.slow
 def test_bench_killed_mid_run_resumes_to_the_same_results(tiny_dir, bench_reference, tmp_path):
     dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
     proc = _eagle("bench", *_bench_args(tiny_dir, dataset, out))
@@ -828,6 +835,7 @@ def test_generate_appends_one_whole_trace_per_run(tiny_cli, tmp_path, capsys):
     assert len({t.header.generation for t in traces}) == 3 and report.interrupted == 0
 
 
+@pytest.mark.slow
 def test_two_generate_runs_on_one_trace_never_mix(tiny_cli, tmp_path):
     path = tmp_path / "t.jsonl"
     procs = [_eagle(*tiny_cli, "--mode", mode, "--max-new-tokens", "300", "--trace", str(path))
@@ -842,6 +850,7 @@ def test_two_generate_runs_on_one_trace_never_mix(tiny_cli, tmp_path):
         assert sum(len(s.new_tokens) for s in t.steps) == 300
 
 
+@pytest.mark.slow
 def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_path):
     path = tmp_path / "t.jsonl"
     args = [*tiny_cli, "--max-new-tokens", "1900", "--trace", str(path)]
@@ -863,6 +872,7 @@ def test_an_interrupted_generation_is_marked_and_analysis_says_so(tiny_cli, tmp_
     assert any("interrupted before they finished" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_ends_quietly(tiny_cli):
     proc = _eagle(*tiny_cli, "--max-new-tokens", "800", "--mode", "vanilla")
     proc.stdout.read(1)
@@ -912,30 +922,29 @@ def test_a_model_dir_with_a_bad_config_is_one_sentence(tiny_cli, tiny_dir, tmp_p
     assert f"Could not load model '{model}'" in sentence and message in sentence
 
 
-def test_an_unknown_hub_id_offline_fails_at_once(tiny_cli):
-    proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
-                          cwd=ROOT, env={**_env(), "HF_HUB_OFFLINE": "0"}, capture_output=True, text=True,
-                          timeout=60)  # no retries: the 52 s of the issue would time out here
-    sentence = _one_sentence(proc.stderr)
-    assert proc.returncode == 2 and "'someone/no-such-model-here'" in sentence  # (online: the hub's answer)
-    proc = subprocess.run([sys.executable, "-m", "eagle", *tiny_cli, "--model", "someone/no-such-model-here"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in _one_sentence(proc.stderr)
+# Message-only checks run in-process (cli.main is `python -m eagle` without the interpreter start): eagle
+# reads HF_HUB_OFFLINE and the prompt's bytes at each call.
+def test_an_unknown_hub_id_offline_fails_at_once(tiny_cli, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    t0 = time.monotonic()
+    assert cli.main([*tiny_cli, "--model", "someone/no-such-model-here"]) == 2
+    assert time.monotonic() - t0 < 30  # no retries: the issue's 52 s
+    assert "'someone/no-such-model-here'" in _one_sentence(capsys.readouterr().err)  # (online: the hub's answer)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main([*tiny_cli, "--model", "someone/no-such-model-here"]) == 2
+    assert "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in _one_sentence(capsys.readouterr().err)
 
 
-def test_invalid_utf8_on_stdin_and_argv_is_one_sentence(tiny_cli):
+def test_invalid_utf8_on_stdin_and_argv_is_one_sentence(tiny_cli, monkeypatch, capsys):
     args = [*tiny_cli]
     args[args.index("hello")] = "-"
-    proc = subprocess.run([sys.executable, "-m", "eagle", *args], cwd=ROOT, env=_env(), input=b"caf\xe9",
-                          capture_output=True, timeout=120)
-    assert proc.returncode == 2
-    assert "the prompt on stdin is not valid UTF-8 (byte 3" in _one_sentence(proc.stderr.decode())
-    bad_argv = [os.fsencode(a) for a in tiny_cli]
-    bad_argv[bad_argv.index(b"hello")] = b"caf\xe9"
-    proc = subprocess.run([sys.executable, "-m", "eagle", *bad_argv], cwd=ROOT, env=_env(), capture_output=True,
-                          timeout=120)
-    assert proc.returncode == 2 and "is not valid UTF-8" in _one_sentence(proc.stderr.decode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9")))
+    assert cli.main(args) == 2
+    assert "the prompt on stdin is not valid UTF-8 (byte 3" in _one_sentence(capsys.readouterr().err)
+    args = [*tiny_cli]
+    args[args.index("hello")] = os.fsdecode(b"caf\xe9")  # what Python makes of those bytes in sys.argv
+    assert cli.main(args) == 2
+    assert "is not valid UTF-8" in _one_sentence(capsys.readouterr().err)
 
 
 def test_a_damaged_head_through_the_cli(tiny_cli, tmp_path, capsys):

@@ -25,6 +25,7 @@ def _spec_bench_speed(path):
     return sum(speeds) / len(speeds), accepts
 
 
+@pytest.mark.slow
 def test_spec_bench_export(tmp_path, capsys):
     rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "2", "--turns", "2", "--max-new-tokens",
                "6", "--modes", ",".join(MODES), "--total-tokens", "8", "--depth", "3", "--top-k", "4",
