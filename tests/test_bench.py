@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest: OpenMP sp
 
 def _bench(out, capsys, *extra):
     rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "2", "--max-new-tokens", "8", "--modes", MODES,
-               "--head", "random", "--out", str(out), "--json", *BUDGET, *extra])
+               "--head", "random", "--out", str(out), "--json", "--baselines", "same", *BUDGET, *extra])
     return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -56,6 +56,27 @@ def test_bench_end_to_end_and_resume(tmp_path, capsys):
     assert [t.interrupted for t in traces] == [False, True, False]
 
 
+@pytest.mark.slow
+def test_speedups_are_against_the_fastest_baseline(tmp_path, capsys):
+    """--baselines fastest (the default): each baseline also runs in the other precision this CPU runs,
+    and every speed-up is against the faster of the two, named under the table."""
+    rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "6", "--modes",
+               "vanilla,dynamic,hf_pld", "--head", "random", "--out", str(tmp_path), "--json", *BUDGET])
+    printed = capsys.readouterr().out
+    summary, modes = json.loads(printed.strip().splitlines()[-1]), None
+    modes = summary["modes"]
+    assert rc == 0 and set(modes) == {"vanilla", "vanilla@bfloat16", "dynamic", "hf_pld", "hf_pld@bfloat16"}
+    for kind, key in (("vanilla", "speedup"), ("hf_pld", "speedup_vs_pld")):
+        best = max((kind, f"{kind}@bfloat16"), key=lambda m: modes[m]["tokens_per_second"])
+        assert summary["baselines"][kind] == best and modes[best][key] == 1.0
+        assert modes[f"{kind}@bfloat16" if best == kind else kind][key] < 1.0
+        assert f"{kind}: {best} (" in printed
+    assert summary["baselines"]["hf"] is None and modes["dynamic"]["speedup_vs_hf"] is None
+    assert modes["vanilla@bfloat16"]["speedup_same_dtype"] == 1.0 and modes["dynamic"]["mismatches"] == 0
+    assert modes["dynamic"]["speedup_same_dtype"] == pytest.approx(
+        modes["dynamic"]["tokens_per_second"] / modes["vanilla"]["tokens_per_second"])
+
+
 def test_changed_settings_need_a_new_out(tmp_path, capsys):
     assert main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "4", "--modes", "vanilla",
                  "--out", str(tmp_path)]) == 0
@@ -67,7 +88,7 @@ def test_changed_settings_need_a_new_out(tmp_path, capsys):
 @pytest.mark.slow
 def test_second_turn_builds_on_the_first_answer(tmp_path, capsys):
     rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--turns", "2", "--max-new-tokens", "6", "--modes",
-               "vanilla,dynamic", "--head", "random", "--out", str(tmp_path), "--json", *BUDGET])
+               "vanilla,dynamic", "--head", "random", "--out", str(tmp_path), "--json", "--baselines", "same", *BUDGET])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and summary["generations"] == 4 and summary["mismatches"] == {"dynamic": 0}
     traces, _ = read_trace(tmp_path / "traces" / "dynamic.jsonl")
@@ -122,7 +143,7 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
-            "--head", "random", "--out", str(tmp_path), "--json"]
+            "--head", "random", "--out", str(tmp_path), "--json", "--baselines", "same"]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["mismatches"] == {"dynamic:auto": 0, "dynamic:adaptive": 0}

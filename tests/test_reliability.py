@@ -724,7 +724,7 @@ QUESTIONS = ["Name three colours.", "What is a prime number?", "Say hello in Fre
 
 def _bench_args(model: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
     return ["--model", str(model), "--dataset", str(dataset), "--dtype", "float32", "--modes", "vanilla,dynamic",
-            "--head", "random", "--budget", "fixed", "--total-tokens", "4", "--depth", "2", "--top-k", "2",
+            "--baselines", "same", "--head", "random", "--budget", "fixed", "--total-tokens", "4", "--depth", "2", "--top-k", "2",
             "--max-new-tokens", "24", "--out", str(out), "--json", *extra]
 
 

@@ -29,7 +29,7 @@ def _spec_bench_speed(path):
 def test_spec_bench_export(tmp_path, capsys):
     rc = main(["--dataset", "mt_bench", "--dtype", "float32", "--limit", "2", "--turns", "2", "--max-new-tokens",
                "6", "--modes", ",".join(MODES), "--total-tokens", "8", "--depth", "3", "--top-k", "4",
-               "--out", str(tmp_path), "--export", "spec-bench"])
+               "--out", str(tmp_path), "--export", "spec-bench", "--baselines", "same"])
     out = capsys.readouterr().out
     assert rc == 0
     files = {p.stem: p for p in (tmp_path / "spec-bench").glob("*.jsonl")}

@@ -39,10 +39,11 @@ from ..questions import Question, load_questions, select_questions
 from ..timing import STEP_PHASES, phase_seconds
 from ..markdown import markdown_table
 from ..lossless import first_divergence, is_precision_flip, logit_gap_at
-from ..target import DTYPES, Target, dtype_name
+from ..target import DTYPES, Target, dtype_name, runnable_dtypes
 from ..trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 
 HF_MODES = ("hf", "hf_pld")
+BASELINE_KINDS = ("vanilla", "hf", "hf_pld")  # what a speed-up is measured against
 KINDS = (*MODES, *HF_MODES)
 PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf_pld (the transformers docs' usual value)
 WARMUP_TOKENS = 8
@@ -89,6 +90,15 @@ def parse_modes(text: str) -> list[ModeSpec]:
     if not specs or len({s.label for s in specs}) != len(specs):
         raise ValueError("--modes needs at least one mode and no repeats")
     return specs
+
+
+def with_baselines(specs: list[ModeSpec], run_dtype: str, dtypes: tuple[str, ...]) -> list[ModeSpec]:
+    """The modes plus each baseline mode given without a dtype (vanilla, hf, hf_pld) at every other
+    precision in `dtypes`, so every speed-up can be against the fastest of its kind on this machine."""
+    have = {(s.kind, s.dtype or run_dtype) for s in specs}
+    extra = [ModeSpec(f"{s.kind}@{d}", s.kind, dtype=d) for s in specs if s.kind in BASELINE_KINDS and s.dtype is None
+             for d in dtypes if (s.kind, d) not in have]
+    return specs + list(dict.fromkeys(extra))
 
 
 def hf_config(base: DecodeConfig, kind: str) -> dict:
@@ -385,19 +395,38 @@ def _reference(by_mode: dict[str, dict], bench: Bench, kind: str, dtype: str) ->
                  and by_mode.get(sp.label, {}).get("generations")), None)
 
 
-def _with_speedups(by_mode: dict[str, dict], bench: Bench) -> dict[str, dict]:
-    """speedup: vs vanilla at the same dtype; speedup_vs_hf: vs HF generate at the same dtype;
-    speedup_vs_hf_fp32: vs HF generate in fp32, how a user runs it by default."""
+def fastest(by_mode: dict[str, dict], bench: Bench, kind: str) -> str | None:
+    """The label of the fastest mode of `kind` (any dtype) that has results: the honest baseline."""
+    runs = [sp.label for sp in bench.specs if sp.kind == kind and by_mode.get(sp.label, {}).get("generations")]
+    return max(runs, key=lambda m: by_mode[m]["tokens_per_second"], default=None)
+
+
+# summary key -> the baseline kind each speed-up is against (the fastest of it run here)
+SPEEDUP_KEYS = {"speedup": "vanilla", "speedup_vs_hf": "hf", "speedup_vs_pld": "hf_pld"}
+
+
+def _with_speedups(by_mode: dict[str, dict], bench: Bench,
+                   baselines: dict[str, str | None]) -> dict[str, dict]:
+    """speedup / speedup_vs_hf / speedup_vs_pld: against the fastest vanilla, HF generate and HF prompt
+    lookup of the run, whatever their dtype; speedup_same_dtype: against vanilla at the mode's own
+    dtype (what precision alone costs or gains). `baselines`: kind -> label, chosen on the whole run
+    (a category is compared with the same baselines, not with whichever was faster on it alone)."""
     def ratio(s: dict, ref: str | None) -> float:
         return speedup(s["tokens_per_second"], by_mode[ref]["tokens_per_second"] if ref else math.nan)
-    hf32 = _reference(by_mode, bench, "hf", "float32")
     for spec in bench.specs:
         s, dtype = by_mode[spec.label], bench.dtype(spec)
         s["dtype"] = dtype
-        s["speedup"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
-        s["speedup_vs_hf"] = ratio(s, _reference(by_mode, bench, "hf", dtype))
-        s["speedup_vs_hf_fp32"] = ratio(s, hf32)
+        for key, kind in SPEEDUP_KEYS.items():
+            s[key] = ratio(s, baselines[kind])
+        s["speedup_same_dtype"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
     return by_mode
+
+
+def baselines_line(baselines: dict[str, str | None], by_mode: dict[str, dict]) -> str:
+    """Names what every speed-up of the run is against, e.g. "vs vanilla@float32 (26.9 tok/s)"."""
+    named = [f"{kind}: {label} ({by_mode[label]['tokens_per_second']:.2f} tok/s)"
+             for kind, label in baselines.items() if label]
+    return "speed-ups are against the fastest run of each baseline here: " + ("; ".join(named) or "none run")
 
 
 def divergences(results: list[Result], bench: Bench) -> list[dict]:
@@ -439,11 +468,12 @@ def mismatches(results: list[Result], bench: Bench, found: list[dict]) -> dict[s
 def summarize(results: list[Result], bench: Bench, greedy: bool) -> dict:
     labels = [s.label for s in bench.specs]
     by_mode = {m: mode_stats([r for r in results if r.mode == m]) for m in labels}
+    baselines = {kind: fastest(by_mode, bench, kind) for kind in SPEEDUP_KEYS.values()}
     cats = sorted({r.category for r in results})
     by_cat = {c: _with_speedups({m: mode_stats([r for r in results if r.mode == m and r.category == c])
-                                 for m in labels}, bench) for c in cats}
+                                 for m in labels}, bench, baselines) for c in cats}
     found = divergences(results, bench) if greedy else []
-    return {"modes": _with_speedups(by_mode, bench), "categories": by_cat,
+    return {"modes": _with_speedups(by_mode, bench, baselines), "baselines": baselines, "categories": by_cat,
             "questions": len({r.question_id for r in results}), "generations": len(results),
             "mismatches": mismatches(results, bench, found) if greedy else None, "divergences": found}
 
@@ -487,11 +517,12 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-# (header, stats key, format); "speedup" is against vanilla at the same dtype
+# (header, stats key, format); the "vs" columns are against the fastest run of each baseline (any
+# dtype, named under the table), "vs same dtype" against vanilla at the mode's own dtype
 COLUMNS = (("dtype", "dtype", "s"), ("gens", "generations", "d"), ("tokens", "tokens", "d"),
            ("wall s", "seconds", ".1f"), ("tok/s", "tokens_per_second", ".2f"), ("vs vanilla", "speedup", ".3f"),
-           ("vs hf", "speedup_vs_hf", ".3f"), ("vs hf fp32", "speedup_vs_hf_fp32", ".3f"), ("tau", "tau", ".2f"),
-           ("acc len", "mean_accept_length", ".2f"))
+           ("vs hf", "speedup_vs_hf", ".3f"), ("vs pld", "speedup_vs_pld", ".3f"),
+           ("vs same dtype", "speedup_same_dtype", ".3f"), ("tau", "tau", ".2f"), ("acc len", "mean_accept_length", ".2f"))
 
 
 def _cells(s: dict) -> list[str]:
@@ -515,7 +546,7 @@ def modes_markdown(by_mode: dict[str, dict]) -> str:
 def summary_markdown(summary: dict) -> str:
     parts = [f"questions {summary['questions']}, generations {summary['generations']}, greedy "
              f"{summary['greedy']}, threads {summary['threads']}, head {summary['head']}",
-             "", modes_markdown(summary["modes"])]
+             "", modes_markdown(summary["modes"]), "", baselines_line(summary["baselines"], summary["modes"])]
     for cat, by_mode in summary["categories"].items():
         parts += ["", f"**{cat}**", "", modes_markdown(by_mode)]
     if summary["mismatches"] is not None:
@@ -527,6 +558,7 @@ def summary_markdown(summary: dict) -> str:
 
 def print_report(summary: dict) -> None:
     print(format_table(summary["modes"]))
+    print(baselines_line(summary["baselines"], summary["modes"]))
     for cat, by_mode in summary["categories"].items():
         print(f"\n[{cat}]")
         print(format_table(by_mode))
@@ -538,13 +570,13 @@ def print_report(summary: dict) -> None:
 
 
 def json_line(summary: dict) -> str:
-    keys = ("dtype", "tau", "speedup", "tokens_per_second", "speedup_vs_hf", "speedup_vs_hf_fp32",
+    keys = ("dtype", "tau", "speedup", "tokens_per_second", "speedup_vs_hf", "speedup_vs_pld", "speedup_same_dtype",
             "mean_accept_length", "tokens", "seconds", "generations")
     mism = summary["mismatches"] or {}
     modes = {m: {**{k: s[k] for k in keys}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
              for m, s in summary["modes"].items()}
     extra = {k: summary.get(k) for k in ("questions", "generations", "turns", "greedy", "mismatches", "divergences",
-                                         "skipped_records", "resumed", "out", "head", "threads", "budget", "dtype")}
+                                         "skipped_records", "resumed", "out", "head", "threads", "budget", "dtype", "baselines")}
     return json.dumps(_clean({"modes": modes, **extra}))
 
 
@@ -558,6 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of vanilla, static, dynamic, hf, hf_pld (default: %(default)s); a decoder "
                         "mode may carry a budget, dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB], dynamic:auto or "
                         "dynamic:adaptive; any mode may carry a dtype, e.g. hf@float32 (default: --dtype)")
+    p.add_argument("--baselines", choices=("fastest", "same"), default="fastest",
+                   help="fastest (default): vanilla, hf and hf_pld given without a dtype also run in every other "
+                        "precision this device runs, and every speed-up is against the fastest of each; same: "
+                        "only in the run's dtype")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--per-category", type=int, default=None,
                    help="first N questions of each category (MT-bench's first 10 are all writing)")
@@ -600,13 +636,18 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
     return configs, report, costs
 
 
-def load_pairs(args: argparse.Namespace, specs: list[ModeSpec]) -> tuple[dict[str, Pair], str]:
-    """The run's pair at --dtype, plus one per other dtype a mode asks for (same model and head)."""
+def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
+               loaded: dict[str, Pair] | None = None) -> tuple[dict[str, Pair], str]:
+    """The run's pair at --dtype, plus one per other dtype a mode asks for (same model and head);
+    pairs already `loaded` are kept (the first of them is the run's)."""
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
-    target, head, source = load_pair(args, need_head)
-    default = dtype_name(target.dtype)
-    pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
-    for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype != default}):
+    if loaded:
+        default, pairs = next(iter(loaded)), dict(loaded)
+    else:
+        target, head, source = load_pair(args, need_head)
+        default = dtype_name(target.dtype)
+        pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
+    for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype not in pairs}):
         other, other_head, other_source = load_pair(argparse.Namespace(**{**vars(args), "dtype": dtype}), need_head)
         pairs[dtype] = Pair(other, other_head, other_source,
                             head_sha256(other_head) if other_head is not None else None)
@@ -652,6 +693,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     pairs, default_dtype = load_pairs(args, plan.specs)
+    if args.baselines == "fastest":
+        plan.specs = with_baselines(plan.specs, default_dtype, runnable_dtypes(pairs[default_dtype].target.device))
+        pairs, default_dtype = load_pairs(args, plan.specs, pairs)
     configs, budget_report, costs = build_configs(args, plan.specs, pairs, default_dtype)
     bench = Bench(pairs, default_dtype, configs, plan.specs, costs)
     by_id = {q.question_id: q for q in plan.questions}
