@@ -8,6 +8,7 @@ from typing import Callable
 import streamlit as st
 
 from eagle.config import MODES, PRESETS, DecodeConfig
+from eagle.tools.budget import vanilla_name
 
 from . import benchmarks
 from .persist import put, save, seed
@@ -68,7 +69,8 @@ def _start_manual_from_auto(prefix: str) -> None:
 def show_expectation(report: dict) -> None:
     """auto's expected speed-up, with the benchmark's measured one beside it when a run exists."""
     measured = benchmarks.measured_auto_speedup()
-    text = (f"Expected {report['expected_speedup']:.2f}x vanilla, τ {report['expected_accept_length']:.2f} "
+    text = (f"Expected {report['expected_speedup']:.2f}x {vanilla_name(report)}, "
+            f"τ {report['expected_accept_length']:.2f} "
             "(auto's cost model).")
     if measured is None:
         text += " Not benchmarked on this machine yet: `python -m eagle bench --modes vanilla,dynamic:auto`."

@@ -19,7 +19,7 @@ from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode,
 from .target import DEFAULT_MODEL, dtype_name
 from .tools.bench import main as bench_main
 from .layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget import auto_config, tuned_config
+from .tools.budget import auto_config, tuned_config, vanilla_name
 from .tools.headexport import export_head
 from .tools.tokenmap import export_token_map
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
@@ -104,7 +104,7 @@ def _budget_line(budget: str, report: dict) -> str:
     chosen = report.get("context_choice") or {**report["chosen"], "speedup": report["expected_speedup"]}
     where = f" for a {report['context']}-token context" if "context" in report else ""
     shape = {k: v for k, v in chosen.items() if k != "speedup"}
-    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x vanilla; "
+    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {vanilla_name(report)}; "
             "--budget fixed for the flags' values)")
 
 
@@ -120,7 +120,8 @@ def cmd_budget(args: argparse.Namespace) -> int:
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
     print(f"dtype: {dtype_name(target.dtype)} ({why})")
     print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
-          f"{report['expected_speedup']:.2f}x vanilla (vanilla: {report['vanilla_tokens_per_s']:.1f} tok/s)")
+          f"{report['expected_speedup']:.2f}x {vanilla_name(report)} ({report['vanilla_tokens_per_s']:.1f} tok/s; "
+          f"{report['expected_speedup_same_dtype']:.2f}x vanilla {dtype_name(target.dtype)})")
     print("tree size  expected tau  round ms  expected tok/s")
     for r in report["curve"]:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
@@ -128,7 +129,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     for row in report.get("by_context", []):
         shape = "/".join(str(row[k]) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
         print(f"at a {row['context']:4d}-token context: {shape} (total/depth/top_k/vocab), "
-              f"{row['speedup']:.2f}x vanilla expected")
+              f"expected {row['speedup']:.2f}x {vanilla_name(report)}")
     print(f"report: {report['auto_file']}")
     return 0
 

@@ -14,10 +14,10 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .files import atomic_write
-from .head3 import Eagle3Head, attention_inputs, eagle3_feature_layers, llama_attention, top_token_ids
+from .head3 import Eagle3Head, attention_inputs, llama_attention, top_token_ids
 from .kvcache import ChainKeys, KVCache
 from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
-from .layouts import read_tensors, write_checkpoint
+from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
 from .resources import resource_path
 from .target import hub_offline, looks_like_path, with_legacy_keys
 

@@ -5,20 +5,13 @@ follow the official checkpoint layout (fc, midlayer.*, norm, lm_head, d2t, t2d);
 live in eagle.head beside the EAGLE-1/2 head's."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .kvcache import CacheWriter, ChainKeys, KVCache, prefix_mask
-
-if TYPE_CHECKING:
-    from .layouts import HeadLayout
-
-ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of a SpecForge / SGLang EAGLE-3 head
-LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # its conventions differ by layout: eagle.layouts
+from .layouts import HeadLayout
 
 
 def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
@@ -27,16 +20,6 @@ def top_token_ids(counts: torch.Tensor, k: int) -> torch.Tensor | None:
     if k <= 0 or k >= counts.numel() or int(counts.sum()) == 0:
         return None
     return torch.topk(counts, k).indices.sort().values
-
-
-def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
-    """The target layers whose inputs EAGLE-3 fuses, low to high: 2, L//2, L-3 (as HF
-    output_hidden_states indices, index i being the input of layer i)."""
-    layers = (2, n_layers // 2, n_layers - 3)
-    if min(layers) < 0 or max(layers) >= n_layers:
-        raise ValueError(f"An EAGLE-3 head needs a target of at least 3 layers (its features are the inputs of "
-                         f"layers 2, L//2 and L-3); this one has {n_layers}.")
-    return layers
 
 
 def attention_inputs(cache: KVCache | None, start: int, n_new: int, tree_mask: torch.Tensor | None,

@@ -28,8 +28,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .files import atomic_write, atomic_write_json, read_json_object
-from .head3 import ARCHITECTURE as EAGLE3_ARCHITECTURE
-from .head3 import LAYER_IDS_KEY, eagle3_feature_layers
 from .target import with_legacy_keys
 
 EAGLE, EAGLE3, SPECFORGE, SPECULATORS = "eagle", "eagle3", "specforge", "speculators"
@@ -44,6 +42,8 @@ CONVENTIONS = {INPUT: "layer id i is the input of layer i (vLLM; this repo's fea
                LAST: "no layer ids: the target's post-norm last hidden state (EAGLE-1/2)",
                DEFAULT: "no layer ids recorded: the inputs of layers 2, L//2 and L-3 (the EAGLE-3 paper's)"}
 
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # config.json "architectures" of a SpecForge / SGLang EAGLE-3 head
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # its conventions differ by layout (CONVENTIONS)
 EAGLE1_SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle"  # what SGLang needs to load an EAGLE-1/2 draft
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
 EAGLE_CONFIG_IDS = f"eagle_config.{LAYER_IDS_KEY}"  # SpecForge / SGLang: outputs of layers
@@ -53,6 +53,16 @@ SPECULATORS_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")
 LAYOUT_KEYS = {"architectures", "eagle_config", LAYER_IDS_KEY, "speculators_model_type", "speculators_version",
                "speculators_config", "transformer_layer_config", "auto_map"}
 SPECULATIVE_TOKENS = 3  # speculators_config's default proposal length (vLLM's num_speculative_tokens)
+
+
+def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
+    """The target layers whose inputs EAGLE-3 fuses, low to high: 2, L//2, L-3 (as HF
+    output_hidden_states indices, index i being the input of layer i)."""
+    layers = (2, n_layers // 2, n_layers - 3)
+    if min(layers) < 0 or max(layers) >= n_layers:
+        raise ValueError(f"An EAGLE-3 head needs a target of at least 3 layers (its features are the inputs of "
+                         f"layers 2, L//2 and L-3); this one has {n_layers}.")
+    return layers
 
 
 class HeadLayoutError(ValueError):

@@ -129,7 +129,14 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert [r["total_tokens"] for r in curve] == sorted(r["total_tokens"] for r in curve)
     assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
-    assert report["vanilla_tokens_per_s"] == pytest.approx(1 / report["t_verify"]["1"])
+    # vanilla: the fastest precision this CPU runs (never slower than the target's own), named
+    assert report["vanilla_same_dtype_tokens_per_s"] == pytest.approx(1 / report["t_verify"]["1"])
+    assert report["vanilla_tokens_per_s"] >= report["vanilla_same_dtype_tokens_per_s"]
+    assert report["vanilla_dtype"] in ("float32", "bfloat16") and "fastest here" in budget.vanilla_name(report)
+    assert report["expected_speedup"] == pytest.approx(report["expected_speedup_same_dtype"] *
+                                                       report["vanilla_same_dtype_tokens_per_s"] /
+                                                       report["vanilla_tokens_per_s"])
+    assert report["beats_vanilla"] == (report["expected_speedup"] > 1)
     contexts = [row["context"] for row in report["by_context"]]
     assert contexts == sorted(budget.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
     row = budget.choice_at_context(report, 192)  # the cached report chooses again without measuring

@@ -14,8 +14,8 @@ from eagle.config import DecodeConfig
 from eagle.decode import Decoder, generate
 from eagle.draft import Drafter
 from eagle.head import DraftHead, head_identity, load_head, new_head, save_head
-from eagle.head3 import Eagle3Head, eagle3_feature_layers
-from eagle.layouts import HeadLayoutError
+from eagle.head3 import Eagle3Head
+from eagle.layouts import HeadLayoutError, eagle3_feature_layers
 from eagle.tools.headexport import export_head
 from tests.test_eagle3 import D, DRAFT_IDS, EPS, H, HEADS, INTER, KV, LAYERS, THETA, VOCAB, official_config, \
     official_state

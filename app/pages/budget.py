@@ -1,11 +1,14 @@
 """Tree budget: which tree `auto` chose on this machine, and why (expected τ against measured cost)."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
 from analysis.figures import budget_figure
 from app import exports, render, state
+from eagle.tools.budget import vanilla_name
 
 COLUMNS = ["total_tokens", "depth", "top_k", "draft_vocab", "accept_length", "round_s", "tokens_per_s", "speedup"]
 
@@ -17,7 +20,8 @@ def show_choice(report: dict) -> None:
     c1.metric("Chosen tree", f"{chosen['total_tokens']} tokens", help=state.budget_label(chosen))
     c1.caption(state.budget_label(chosen))
     c2.metric("Expected speedup over vanilla", f"{report['expected_speedup']:.2f}x",
-              help="Expected tokens per round / measured round cost, against one-token forwards")
+              help=f"Expected tokens per round / measured round cost, against {vanilla_name(report)} "
+                   f"({report.get('expected_speedup_same_dtype', math.nan):.2f}x vanilla at the model's own dtype)")
     c3.metric("Expected τ (tokens per round)", f"{report['expected_accept_length']:.2f}",
               help=f"Replayed from {report['calibration_rounds']} recorded calibration rounds")
     if not report["beats_vanilla"]:

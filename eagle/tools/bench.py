@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .budget import tuned_config
+from .budget import tuned_config, vanilla_name
 from .specbench import export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
 from ..checks import check_argv, check_output, check_runtime_args
@@ -627,7 +627,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             if round_costs is not None:
                 costs[spec.label] = round_costs
             print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
-                  f"{report['expected_speedup']:.2f}x vanilla", file=sys.stderr)
+                  f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "

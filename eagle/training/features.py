@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
 from ..head import COUNTS_FILE, HEAD_KINDS, read_tensors
-from ..head3 import eagle3_feature_layers
+from ..layouts import eagle3_feature_layers
 from ..target import Target, dtype_name
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
