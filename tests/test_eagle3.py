@@ -303,14 +303,25 @@ def test_the_trace_header_says_which_head_drafted(tmp_path, tiny):
     assert head_identity(new_head(tiny, seed=2))["head_type"] == "eagle1" and head_identity(None)["head_type"] is None
 
 
-def test_draft_vocab_ids_are_the_drafters_tokens_and_auto_budget_refuses_eagle3(single_thread):
+def test_draft_vocab_ids_are_the_drafters_tokens_and_auto_budget_runs_on_eagle3(single_thread):
     """bench and the tools ask a head which target ids a draft_vocab keeps; for an EAGLE-3 head these
-    must be the ones its Drafter scores. The auto budget models EAGLE-1/2 heads only: one sentence."""
+    must be the ones its Drafter scores. The auto budget times the EAGLE-3 head's own drafting (its
+    three-layer features, its vocabulary) under its own cost key, and replays its calibration trees."""
     target = tiny_target(vocab=VOCAB, seed=5, eos=None, layers=LAYERS)
     head = new_head(target, seed=2, kind="eagle3", draft_ids=DRAFT_IDS)
     assert head.draft_vocab_ids(4) is None  # no counts stored: the whole own vocabulary
     head.token_counts[torch.tensor([3, 5, 8, 9, 11])] = torch.tensor([50, 40, 30, 20, 1])
     drafter = Drafter(head, target.model.lm_head.weight, 16, draft_vocab=4)
     assert head.draft_vocab_ids(4).tolist() == drafter.vocab_ids.tolist() == [3, 5, 8, 9]
-    with pytest.raises(ValueError, match="EAGLE-1/2 heads only"):
-        auto_config(target, head, DecodeConfig())
+
+    grid = dict(prompts=["a tiny prompt"], vocabs=(0, 4), repeats=1, max_new_tokens=12, ns=(1, 2, 4), top_ks=(1, 2))
+    cfg, report = auto_config(target, head, DecodeConfig(max_new_tokens=5), **grid)
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k, cfg.draft_vocab) == tuple(report["chosen"][k] for k in
+                                                                             ("total_tokens", "depth", "top_k",
+                                                                              "draft_vocab"))
+    assert cfg.max_new_tokens == 5 and cfg.total_tokens in (1, 2, 4) and cfg.draft_vocab in (0, 4)
+    assert report["calibration_rounds"] > 0 and f"eagle3-{len(DRAFT_IDS)}" in report["costs_key"]
+    eagle1_key = auto_config(target, new_head(target, seed=2), DecodeConfig(), **grid)[1]["costs_key"]
+    assert eagle1_key.endswith("eagle1") and eagle1_key != report["costs_key"]  # drafting costs differ
+    out = generate(Decoder(target, head, cfg.with_(max_new_tokens=12)), [1, 2, 3])
+    assert out.tokens == generate(Decoder(target, None, cfg.with_(mode="vanilla", max_new_tokens=12)), [1, 2, 3]).tokens

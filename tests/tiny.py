@@ -10,6 +10,11 @@ class ByteTokenizer:
     """Enough of a tokenizer for the decoder: ids print as '<i>'; eos_token_id None means no EOS."""
     eos_token_id = 0
     chat_template = None
+    vocab_size = 12
+
+    def encode(self, text: str) -> list[int]:
+        """Each byte as an id in [1, vocab): prompts for the tools that take text (not a real tokenizer)."""
+        return [1 + b % (self.vocab_size - 1) for b in text.encode()]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return "".join(f"<{i}>" for i in ids)
@@ -23,7 +28,7 @@ def tiny_target(vocab: int = 12, seed: int = 0, eos: int | None = 0, layers: int
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval().requires_grad_(False)
     tok = ByteTokenizer()
-    tok.eos_token_id = eos
+    tok.eos_token_id, tok.vocab_size = eos, vocab
     return Target(model=model, tokenizer=tok, name="tiny-llama")
 
 

@@ -37,8 +37,7 @@ from ..adaptive import RoundCosts, interpolate
 from ..config import DecodeConfig
 from ..decode import Decoder, Drafter, TokenTexts, draft_round, encode_prompt, generate, new_drafter
 from ..files import atomic_write_json, read_json_or_none
-from ..head import DraftHead
-from ..head3 import Eagle3Head
+from ..head import AnyHead, DraftHead
 from ..target import Target, cache_dir, choose_cpu_dtype, device_name, dtype_name
 from ..questions import load_questions
 from ..timing import time_interleaved
@@ -105,8 +104,11 @@ class Costs:
             and set(contexts) <= set(self.verify_by_context)
 
 
-def cost_key(target: Target) -> str:
-    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}"
+def cost_key(target: Target, head: AnyHead) -> str:
+    """Costs are the machine's, the target's and the head's shape: every EAGLE-1/2 head of a target
+    drafts at the same cost; an EAGLE-3 head's cost is its own vocabulary's width."""
+    shape = "eagle1" if isinstance(head, DraftHead) else f"eagle3-{head.d2t.numel()}"
+    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|{shape}"
 
 
 def cost_path(key: str) -> Path:
@@ -131,14 +133,14 @@ def save_costs(costs: Costs) -> Path:
 class _Probe:
     """A prefix in the target's and the draft's caches, to time rounds at a realistic length."""
 
-    def __init__(self, target: Target, head: DraftHead, prefix_len: int, max_n: int, seed: int = 0) -> None:
+    def __init__(self, target: Target, head: AnyHead, prefix_len: int, max_n: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         vocab = int(target.config.vocab_size)
         ids = torch.randint(0, vocab, (1, prefix_len), generator=g).to(target.device)
         self.target, self.head, self.prefix_len = target, head, prefix_len
         self.cache = target.new_cache(prefix_len + max_n + 8)
         _, self.features = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], self.cache, 0,
-                                          logits_rows=slice(-1, None))
+                                          logits_rows=slice(-1, None), feature_layers=head.feature_layers)
         self.cache.length = prefix_len
         self.ids, self.texts = ids[0], TokenTexts(target.tokenizer)
 
@@ -184,7 +186,7 @@ def _fitting_contexts(target: Target, contexts: tuple[int, ...], max_n: int) -> 
     return tuple(c for c in contexts if c + max_n + 8 <= target.max_context)
 
 
-def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple[int, ...],
+def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[int, ...],
              vocabs: tuple[int, ...], repeats: int, prefix_len: int, contexts: tuple[int, ...] = ()) -> Costs:
     probe = _Probe(target, head, prefix_len, max(ns))
     jobs = {f"v{n}": probe.verify(n) for n in ns}
@@ -208,13 +210,13 @@ def _measure(target: Target, head: DraftHead, ns: tuple[int, ...], top_ks: tuple
     verify = {n: t[f"v{n}"] for n in ns}
     by_context = {prefix_len: verify, **{c: {n: t[f"v{n}@{c}"] for n in ns} for c in longer}} if longer else {}
     meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    return Costs(cost_key(target), verify, draft, t["overhead"], meta, by_context)
+    return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context)
 
 
 STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
 
 
-def probe_t1(target: Target, head: DraftHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
+def probe_t1(target: Target, head: AnyHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
     """A quick (~1 s) timing of a one-token verify, to check a cached measurement against."""
     probe = _Probe(target, head, prefix_len, 1)
     with torch.inference_mode():
@@ -228,13 +230,13 @@ def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
     return cached_t1 > STALE_RATIO * fresh_t1
 
 
-def measure_costs(target: Target, head: DraftHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
+def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
                   vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
                   refresh: bool = False, contexts: tuple[int, ...] = CONTEXTS) -> Costs:
     """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
     Keyed by model name, torch threads, device name and dtype (not the head: every head for a
     target has the same shape, so the same cost)."""
-    key = cost_key(target)
+    key = cost_key(target, head)
     cached = None if refresh else load_costs(key)
     fitting = _fitting_contexts(target, contexts, max(ns))
     if cached is not None and cached.covers(ns, top_ks, vocabs, fitting if len(fitting) > 1 else ()) and \
@@ -403,7 +405,7 @@ def calibration_prompts(count: int = 3) -> list[str]:
     return [q.turns[0] for q in questions[::-1][:: max(1, len(questions) // (count * 2))][:count]]
 
 
-def calibrate(target: Target, head: DraftHead, prompts: list[str], max_new_tokens: int = 64,
+def calibrate(target: Target, head: AnyHead, prompts: list[str], max_new_tokens: int = 64,
               seed: int = 0) -> list[StepSample]:
     """Greedy decoding with a large tree, recorded as replay samples."""
     cfg = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, total_tokens=CAL_TOTAL, depth=CAL_DEPTH,
@@ -416,7 +418,7 @@ def calibrate(target: Target, head: DraftHead, prompts: list[str], max_new_token
     return samples
 
 
-def vocab_masks(head: DraftHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarray | None]:
+def vocab_masks(head: AnyHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarray | None]:
     """The draft vocabularies this head supports (it needs token counts for a subset)."""
     out: dict[int, np.ndarray | None] = {0: None}
     for v in vocabs:
@@ -428,12 +430,12 @@ def vocab_masks(head: DraftHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarra
     return out
 
 
-def head_fingerprint(head: DraftHead) -> str:
+def head_fingerprint(head: AnyHead) -> str:
     """A short hash of the head's weights: a retrained head gets a new auto budget."""
     return hashlib.sha1(head.fc.weight.detach().float().cpu().numpy().tobytes()).hexdigest()[:12]
 
 
-def _auto_report(target: Target, head: DraftHead, prompts: list[str] | None, vocabs: tuple[int, ...],
+def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocabs: tuple[int, ...],
                  repeats: int, max_new_tokens: int, ns: tuple[int, ...], top_ks: tuple[int, ...],
                  refresh: bool = False) -> dict:
     masks = vocab_masks(head, vocabs)
@@ -474,18 +476,15 @@ def choice_at_context(report: dict, context: int) -> dict:
     return table[0]
 
 
-def auto_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
+def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
                 vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
                 ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
                 refresh: bool = False) -> tuple[DecodeConfig, dict]:
     """The budget with the most expected tokens/s on this machine: (config, report). The first call
     measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
     per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
-    if isinstance(head, Eagle3Head):  # its replay scores the target's lm_head rows and EAGLE-1 features
-        raise ValueError("The auto tree budget models EAGLE-1/2 heads only: give an EAGLE-3 head a fixed tree "
-                         "(--total-tokens, --depth, --top-k, or --preset paper).")
     settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
-    fingerprint = hashlib.sha1(f"{cost_key(target)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
+    fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
     report = None if refresh else read_json_or_none(path)
     if report is not None and measured_under_load(report["t_verify"]["1"], probe_t1(target, head)):
@@ -537,7 +536,7 @@ def adaptive_costs(report: dict) -> RoundCosts:
                                   by_context)
 
 
-def tuned_config(target: Target, head: DraftHead, base_cfg: DecodeConfig, budget: str,
+def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: str,
                  context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict]:
     """base_cfg with the auto budget (budget "auto"), or with auto's draft shape and an adaptive tree
     size ("adaptive": total_tokens becomes the cap, the largest size the shape can fill, and the
