@@ -10,17 +10,21 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from .checks import check_argv, check_output, check_runtime_args
 from .config import MODES, DecodeConfig
 from .decode import Decoder, encode_prompt, generate
-from .files import run_guarded
+from .files import atomic_write_json, run_guarded
 from .head import head_identity
 from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
-from .target import DEFAULT_MODEL, dtype_name
+from .questions import load_questions
+from .target import DEFAULT_MODEL, device_name, dtype_name
 from .tools.bench import main as bench_main
 from .layouts import CONVENTIONS, FORMATS, LABELS
 from .tools.budget import auto_config, tuned_config, vanilla_name
 from .tools.headexport import export_head
+from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
 from .tools.tokenmap import export_token_map
 from .trace import Trace, TraceHeader, append_trace, mark_interrupted
 from .training.commands import main as training_main
@@ -134,6 +138,36 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Each phase of a round, on the model and on a tiny random Llama: where the overhead goes."""
+    cfg = check_generate_args(args)
+    if args.prompts < 1:
+        raise ValueError(f"--prompts {args.prompts}: profile at least one prompt.")
+    if args.json and args.json.exists() and not args.force:
+        raise ValueError(f"--json {args.json} exists: give a new file name, or --force to replace it.")
+    target, head, source = load_pair(args, need_head=True)
+    questions, _ = load_questions("mt_bench")
+    prompts = [encode_prompt(target.tokenizer, q.turns[0], target.max_context) for q in questions[:args.prompts]]
+    costs, budget = None, budget_mode(args, target.device.type)
+    if cfg.mode == "dynamic" and budget != "fixed":
+        cfg, costs, report = tuned_config(target, head, cfg, budget)
+        print(_budget_line(budget, report), file=sys.stderr)
+    profiles = [profile_rounds(target, head, cfg, prompts, model_label(target), costs)]
+    if not args.no_tiny:
+        tiny, tiny_head = tiny_llama(target)
+        profiles.append(profile_rounds(tiny, tiny_head, cfg, prompts, model_label(tiny)))
+    shape = "/".join(str(getattr(cfg, k)) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
+    print(f"{cfg.mode} {shape} (total/depth/top_k/vocab{', adaptive' if costs else ''}), head {source}, "
+          f"{len(prompts)} MT-bench prompts x {cfg.max_new_tokens} tokens, {torch.get_num_threads()} threads, "
+          f"{device_name(target.device)}")
+    print(format_profiles(profiles))
+    if args.json:
+        atomic_write_json(args.json, {"config": asdict(cfg), "head": source, "device": device_name(target.device),
+                                      "threads": torch.get_num_threads(),
+                                      "profiles": [p.to_json() for p in profiles]}, indent=1)
+    return 0
+
+
 def cmd_export_token_map(args: argparse.Namespace) -> int:
     ids = export_token_map(args.out, args.head, args.k, args.model, args.force)
     print(f"wrote {ids.numel()} token ids to {args.out} (SGLang: --speculative-token-map {args.out})")
@@ -164,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
+    f = sub.add_parser("profile", help="time each phase of a decoding round, on the model and a tiny random Llama",
+                       epilog=KNOBS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--mode", choices=("static", "dynamic"), default="dynamic", help="the tree to profile")
+    f.add_argument("--prompts", type=int, default=3, help="MT-bench first turns to decode (3)")
+    f.add_argument("--no-tiny", action="store_true", help="skip the tiny random Llama (2 layers, hidden 64)")
+    f.add_argument("--json", type=Path, default=None, help="also write the profiles to this JSON file")
+    f.add_argument("--force", action="store_true", help="replace --json if it exists")
+    add_decode_args(f)
+    f.set_defaults(func=cmd_profile, trace=None)
     t = sub.add_parser("export-token-map", help="write the draft vocabulary as SGLang's --speculative-token-map file")
     t.add_argument("--k", type=int, required=True, help="how many of the most frequent tokens (e.g. 32768)")
     t.add_argument("--out", type=Path, required=True, help="the .pt file to write")

@@ -230,10 +230,11 @@ class Decoder:
         cfg = self.cfg
         parents = tree.parents.clamp(min=0)
         if cfg.greedy:
-            accepted, bonus = accept_greedy(tree, logits)
+            scores = logits.float()  # exact; argmax over fp32 is ~4x faster than over bf16 on a CPU
+            accepted, bonus = accept_greedy(tree, scores)
             # p(token | parent) for the trace from one logsumexp: no (N, V) softmax in the hot loop.
-            lse = torch.logsumexp(logits.float(), dim=-1)  # (N,)
-            return accepted, bonus, (logits[parents, tree.tokens].float() - lse[parents]).exp()
+            lse = torch.logsumexp(scores, dim=-1)  # (N,)
+            return accepted, bonus, (scores[parents, tree.tokens] - lse[parents]).exp()
         probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
         cpu_tree = _tree_to(tree, "cpu")
         if cand is None or cand.draft_probs is None:
@@ -258,7 +259,7 @@ class Decoder:
     def _choose(self, s: DecodeState, logits_row: torch.Tensor) -> int:
         """The next token from a (1, V) logits row: argmax, or a sample of the processed target."""
         if self.cfg.greedy:
-            return int(logits_row[-1].argmax())
+            return int(logits_row[-1].float().argmax())  # fp32 argmax: exact, faster than bf16's on a CPU
         probs = process_logits(logits_row[-1].float(), self.cfg.temperature, self.cfg.top_p,
                                self.cfg.top_k_sampling).cpu()
         return int(torch.multinomial(probs, 1, generator=s.generator))

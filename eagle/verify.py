@@ -67,9 +67,12 @@ def accept_greedy(tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], i
     child, parent = paths[:, 1:], paths[:, :-1]  # (L, D)
     match = (child >= 0) & (tree.tokens[child.clamp(min=0)] == greedy[parent.clamp(min=0)])
     n_accepted = match.long().cumprod(dim=-1).sum(-1)  # (L,) accepted draft tokens per path
-    best = int(n_accepted.argmax())
-    accepted = paths[best, : int(n_accepted[best]) + 1].tolist()
-    return accepted, int(greedy[accepted[-1]])
+    best = n_accepted.argmax()
+    row, n = paths[best], n_accepted[best]  # (D+1,) the best path, ()
+    bonus = greedy[row[n]]
+    # one device-to-host copy for the round's result: [path..., n, bonus]
+    out = torch.cat([row, n.view(1), bonus.view(1)]).tolist()
+    return out[: out[-2] + 1], out[-1]
 
 
 def _check_sampling_inputs(tree: Tree, target_probs: torch.Tensor) -> None:
