@@ -139,14 +139,19 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
              for n in (2, 4, 8)]
     report = dict(chosen=chosen, curve=curve, t_verify={"1": 0.04, "2": 0.045, "4": 0.05, "8": 0.07},
-                  alpha=1.0, expected_speedup=1.1)
+                  alpha=1.0, expected_speedup=1.1, expected_tokens_per_s=3.0)
     monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
             "--head", "random", "--out", str(tmp_path), "--json", "--baselines", "same"]
     assert main(args) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
     assert summary["mismatches"] == {"dynamic:auto": 0, "dynamic:adaptive": 0}
+    # the cost model's prediction is printed beside what the run measured
+    assert summary["modes"]["dynamic:auto"]["predicted_tokens_per_second"] == 3.0
+    assert summary["modes"]["vanilla"]["predicted_tokens_per_second"] is None
+    assert "auto's cost model: dynamic:auto: predicted 3.00 tok/s, measured" in printed
     auto = read_trace(tmp_path / "traces" / "dynamic-auto.jsonl")[0][0].header.config
     adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
     assert {k: auto[k] for k in chosen} == chosen

@@ -166,9 +166,10 @@ class Bench:
     """The models (one pair per dtype), one runner per mode, and the trace header each generation gets."""
 
     def __init__(self, pairs: dict[str, Pair], default_dtype: str, configs: dict[str, DecodeConfig],
-                 specs: list[ModeSpec], costs: dict | None = None) -> None:
+                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, float] | None = None) -> None:
         self.pairs, self.default_dtype, self.specs = pairs, default_dtype, specs
         self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
+        self.predicted = predicted or {}  # label -> the auto budget's expected tokens/s (tuned modes)
         self.hf = {s.label: HFRunner(self.pair(s).target, configs[s.label], s.kind) for s in specs
                    if s.kind in HF_MODES}
 
@@ -419,7 +420,17 @@ def _with_speedups(by_mode: dict[str, dict], bench: Bench,
         for key, kind in SPEEDUP_KEYS.items():
             s[key] = ratio(s, baselines[kind])
         s["speedup_same_dtype"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
+        s["predicted_tokens_per_second"] = bench.predicted.get(spec.label, math.nan)
     return by_mode
+
+
+def predictions_line(by_mode: dict[str, dict]) -> str | None:
+    """The auto budget's cost model against this run: predicted beside measured tokens/s per tuned mode."""
+    rows = [f"{m}: predicted {s['predicted_tokens_per_second']:.2f} tok/s, measured {s['tokens_per_second']:.2f} "
+            f"({100 * (s['tokens_per_second'] / s['predicted_tokens_per_second'] - 1):+.1f} %)"
+            for m, s in by_mode.items() if not math.isnan(s.get("predicted_tokens_per_second", math.nan))
+            and s.get("generations")]
+    return "auto's cost model: " + "; ".join(rows) if rows else None
 
 
 def baselines_line(baselines: dict[str, str | None], by_mode: dict[str, dict]) -> str:
@@ -547,6 +558,8 @@ def summary_markdown(summary: dict) -> str:
     parts = [f"questions {summary['questions']}, generations {summary['generations']}, greedy "
              f"{summary['greedy']}, threads {summary['threads']}, head {summary['head']}",
              "", modes_markdown(summary["modes"]), "", baselines_line(summary["baselines"], summary["modes"])]
+    if predictions_line(summary["modes"]):
+        parts += ["", predictions_line(summary["modes"])]
     for cat, by_mode in summary["categories"].items():
         parts += ["", f"**{cat}**", "", modes_markdown(by_mode)]
     if summary["mismatches"] is not None:
@@ -559,6 +572,8 @@ def summary_markdown(summary: dict) -> str:
 def print_report(summary: dict) -> None:
     print(format_table(summary["modes"]))
     print(baselines_line(summary["baselines"], summary["modes"]))
+    if predictions_line(summary["modes"]):
+        print(predictions_line(summary["modes"]))
     for cat, by_mode in summary["categories"].items():
         print(f"\n[{cat}]")
         print(format_table(by_mode))
@@ -570,7 +585,7 @@ def print_report(summary: dict) -> None:
 
 
 def json_line(summary: dict) -> str:
-    keys = ("dtype", "tau", "speedup", "tokens_per_second", "speedup_vs_hf", "speedup_vs_pld", "speedup_same_dtype",
+    keys = ("dtype", "tau", "speedup", "tokens_per_second", "predicted_tokens_per_second", "speedup_vs_hf", "speedup_vs_pld", "speedup_same_dtype",
             "mean_accept_length", "tokens", "seconds", "generations")
     mism = summary["mismatches"] or {}
     modes = {m: {**{k: s[k] for k in keys}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
@@ -610,12 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
-                  default_dtype: str) -> tuple[dict, dict | None, dict]:
+                  default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, float]]:
     """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
     (or None) and the adaptive modes' round costs. dynamic:auto, and with --budget auto every dynamic
     mode without an explicit budget, take the auto budget; dynamic:adaptive its shape with a per-round
-    size."""
-    configs, costs, report = {}, {}, None
+    size; and each tuned mode's predicted tokens/s (the auto report's, at the mode's dtype)."""
+    configs, costs, report, predicted = {}, {}, None, {}
     for spec in specs:
         pair = bench_pairs[spec.dtype or default_dtype]
         target, head = pair.target, pair.head
@@ -626,6 +641,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
                 costs[spec.label] = round_costs
+            predicted[spec.label] = report["expected_tokens_per_s"]
             print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
                   f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
@@ -633,7 +649,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
                   "falls back to the full vocabulary", file=sys.stderr)
         configs[spec.label] = cfg
-    return configs, report, costs
+    return configs, report, costs, predicted
 
 
 def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
@@ -696,8 +712,8 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     if args.baselines == "fastest":
         plan.specs = with_baselines(plan.specs, default_dtype, runnable_dtypes(pairs[default_dtype].target.device))
         pairs, default_dtype = load_pairs(args, plan.specs, pairs)
-    configs, budget_report, costs = build_configs(args, plan.specs, pairs, default_dtype)
-    bench = Bench(pairs, default_dtype, configs, plan.specs, costs)
+    configs, budget_report, costs, predicted = build_configs(args, plan.specs, pairs, default_dtype)
+    bench = Bench(pairs, default_dtype, configs, plan.specs, costs, predicted)
     by_id = {q.question_id: q for q in plan.questions}
     done: dict[Key, Result] = {}
     for spec in plan.specs:
