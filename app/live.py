@@ -33,6 +33,7 @@ except ImportError:  # without it the prompt box generates on Enter
     st_keyup = None
 
 RUN, RUN_ID, STOP = "live_run", "live_run_id", "live_stop_requested"
+REQUEST = "live_run_request"  # runner.request_key of the run in RUN
 PROMPT_KEY = "live_prompt"
 LONG_OK = "live_long_prompt_ok"  # the long prompt the user chose to run anyway
 DEBOUNCE_MS = 700  # long enough not to restart the decoder on every keystroke
@@ -71,9 +72,10 @@ def settle_stop() -> None:
         state.add_trace(trace)
 
 
-def needs_run(trace: Trace | None, prompt: str, cfg: DecodeConfig) -> bool:
+def needs_run(trace: Trace | None, prompt: str, cfg: DecodeConfig, budget: str) -> bool:
     """New prompt or settings, or the last run was interrupted by a rerun (not by Stop)."""
-    return not runner.matches(trace, prompt, cfg) or not runner.is_complete(trace)
+    asked = st.session_state.get(REQUEST)
+    return trace is None or asked != runner.request_key(prompt, cfg, budget) or not runner.is_complete(trace)
 
 
 def long_prompt_ok(models: state.Models, prompt: str, cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
@@ -132,16 +134,17 @@ class Throttle:
         return True
 
 
-def generate(models: state.Models, prompt: str, cfg: DecodeConfig, slots: Slots) -> Trace | None:
+def generate(models: state.Models, prompt: str, cfg: DecodeConfig, budget: str, slots: Slots) -> Trace | None:
     def waiting() -> None:  # behind another session's generation
         slots.metrics.info(runner.WAIT_MESSAGE)  # where the streamed element will be
 
     try:
-        decoder, ids, trace = runner.prepare(models, prompt, cfg, waiting)
+        decoder, ids, trace = runner.prepare(models, prompt, cfg, budget, waiting)
     except (PromptError, ValueError) as err:
         st.error(str(err))
         return None
     st.session_state[RUN] = trace
+    st.session_state[REQUEST] = runner.request_key(prompt, cfg, budget)
     st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1
     st.session_state.pop(STOP, None)
     slots.tokens.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)

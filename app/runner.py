@@ -8,6 +8,7 @@ next element update, while the new run starts at once on another thread: the try
 stops the decoder after its round in flight and frees the lock, which the new run is polling for."""
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -15,8 +16,9 @@ from dataclasses import asdict
 from typing import Callable
 
 from eagle.config import DecodeConfig
-from eagle.decode import Decoder, Generation, encode_prompt
-from eagle.trace import StepRecord, Trace, TraceHeader
+from eagle.decode import Decoder, Generation
+from eagle.tools.session import Session
+from eagle.trace import StepRecord, Trace
 
 from . import worker
 from .state import Models
@@ -27,27 +29,24 @@ OnStep = Callable[[Trace], bool]  # called after every round; True stops the gen
 OnWait = Callable[[], None]  # called while another generation holds the lock (keeps the page live)
 
 
-def new_trace(models: Models, prompt: str, cfg: DecodeConfig, prompt_ids: list[int]) -> Trace:
-    header = TraceHeader(model=models.target.name, head=models.head_source, config=asdict(cfg),
-                         prompt=prompt, prompt_tokens=len(prompt_ids),
-                         meta={"seconds": 0.0, "finished": None, "dtype": models.dtype_label},
-                         **models.head_identity)
-    return Trace(header, [])
+def session(models: Models) -> Session:
+    """The loaded pair as the one session every front end decodes through (eagle.tools.session)."""
+    return Session(models.target, models.head, models.head_source, models.head_identity)
 
 
-def prepare(models: Models, prompt: str, cfg: DecodeConfig,
+def prepare(models: Models, prompt: str, cfg: DecodeConfig, budget: str = "fixed",
             on_wait: OnWait = lambda: None) -> tuple[Decoder, list[int], Trace]:
     """Encode and build the decoder; PromptError / ValueError carry a one-sentence message. On the torch
     thread: building a decoder makes tensors, and one parallel fill on this script thread would give it an
     OpenMP pool that stays alive while it waits for the rounds, throttling the torch thread's (app.worker).
     Behind another session's generation it waits there, calling on_wait."""
-    return worker.wait(worker.submit(_prepare, models, prompt, cfg), on_wait)
+    return worker.wait(worker.submit(_prepare, models, prompt, cfg, budget), on_wait)
 
 
-def _prepare(models: Models, prompt: str, cfg: DecodeConfig) -> tuple[Decoder, list[int], Trace]:
-    ids = encode_prompt(models.target.tokenizer, prompt, models.target.max_context)
-    decoder = Decoder(models.target, models.head, cfg)
-    return decoder, ids, new_trace(models, prompt, cfg, ids)
+def _prepare(models: Models, prompt: str, cfg: DecodeConfig, budget: str = "fixed") -> tuple[Decoder, list[int], Trace]:
+    """auto and adaptive tune the tree for this prompt exactly as the CLI does (eagle.tools.session)."""
+    run = session(models).prepare(prompt, cfg, budget, seconds=0.0, finished=None)
+    return run.decoder, run.ids, Trace(run.header, [])
 
 
 def run(models: Models, decoder: Decoder, ids: list[int], trace: Trace,
@@ -122,6 +121,7 @@ def last_step(trace: Trace) -> StepRecord | None:
     return trace.steps[-1] if trace.steps else None
 
 
-def matches(trace: Trace | None, prompt: str, cfg: DecodeConfig) -> bool:
-    """Whether `trace` decoded this prompt with these settings."""
-    return trace is not None and trace.header.prompt == prompt and trace.header.config == asdict(cfg)
+def request_key(prompt: str, cfg: DecodeConfig, budget: str) -> tuple[str, str, str]:
+    """What a run was asked for: the prompt, the sidebar's settings and the budget policy (the trace
+    header holds the tree the policy chose for the prompt, which may differ from the sidebar's)."""
+    return prompt, json.dumps(asdict(cfg), sort_keys=True), budget

@@ -18,7 +18,8 @@ from .persist import put, save, seed
 DEFAULTS = DecodeConfig(mode="dynamic", max_new_tokens=48, total_tokens=PRESETS["cpu"].total_tokens,
                         depth=PRESETS["cpu"].depth, top_k=PRESETS["cpu"].top_k,
                         draft_vocab=PRESETS["cpu"].draft_vocab)
-BUDGETS = ("auto", "manual")
+BUDGETS = ("auto", "adaptive", "manual")
+POLICIES = {"auto": "auto", "adaptive": "adaptive", "manual": "fixed"}  # radio -> eagle.tools.session's budget
 TREE_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
 
 
@@ -45,17 +46,24 @@ def settings_form(prefix: str, modes: bool = True,
                                "Max new tokens", step=8),
         seed=_widget(sb.number_input, f"{prefix}_seed", DEFAULTS.seed, "Seed", step=1),
     )
-    budgets = BUDGETS if auto else BUDGETS[1:]
+    budgets = BUDGETS if auto else BUDGETS[-1:]
     budget = _widget(sb.radio, f"{prefix}_budget", budgets[0], "Tree budget", budgets, horizontal=True,
                      on_change=_start_manual_from_auto, args=(prefix,),
                      help="auto: the tree size, depth, top-k and draft vocabulary with the most expected "
-                          "tokens/s on this machine (the Tree budget page shows why)")
-    if budget == "auto":
+                          "tokens/s on this machine (the Tree budget page shows why), chosen for the prompt's "
+                          "length as the CLI does; adaptive: auto's shape, each round verifying as many "
+                          "candidates as pay for themselves")
+    if budget in ("auto", "adaptive"):
         report = auto()
         st.session_state[f"{prefix}_auto_chosen"] = report["chosen"]
         show_expectation(report)
         return build_config(mode, **values, **report["chosen"])
     return build_config(mode, **values, **tree_inputs(prefix))
+
+
+def budget_policy(prefix: str, mode: str) -> str:
+    """The session's budget policy for a page's radio: fixed for a mode without a dynamic tree."""
+    return POLICIES[st.session_state.get(f"{prefix}_budget", "manual")] if mode == "dynamic" else "fixed"
 
 
 def _start_manual_from_auto(prefix: str) -> None:

@@ -14,19 +14,20 @@ import torch
 
 from .checks import check_argv, check_output, check_runtime_args
 from .config import MODES, DecodeConfig
-from .decode import Decoder, encode_prompt, generate
+from .decode import encode_prompt, generate
 from .files import atomic_write_json, run_guarded
-from .head import head_identity
-from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, config_from_args, load_pair
+from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, check_budget, config_from_args, \
+    load_pair, model_spec
 from .questions import load_questions
 from .target import DEFAULT_MODEL, device_name, dtype_name
 from .tools.bench import main as bench_main
 from .layouts import CONVENTIONS, FORMATS, LABELS
 from .tools.budget import auto_config, tuned_config, vanilla_name
 from .tools.headexport import export_head
+from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
 from .tools.tokenmap import export_token_map
-from .trace import Trace, TraceHeader, append_trace, mark_interrupted
+from .trace import Trace, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
 DELEGATED = ("bench", "prepare", "train", "evaluate", "distill")
@@ -46,9 +47,7 @@ def read_prompt(prompt: str) -> str:
 
 def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
     cfg = config_from_args(args, args.mode)
-    if args.budget in ("auto", "adaptive") and cfg.mode != "dynamic":
-        raise ValueError(f"--budget {args.budget} sizes dynamic trees only, but --mode is {cfg.mode}: drop "
-                         "--budget or use --mode dynamic")
+    check_budget(args.budget, cfg.mode)
     check_runtime_args(args)
     if args.trace:
         check_output(args.trace, "--trace", directory=False)
@@ -58,16 +57,12 @@ def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
 def cmd_generate(args: argparse.Namespace) -> int:
     cfg = check_generate_args(args)
     prompt = read_prompt(args.prompt)
-    target, head, source = load_pair(args, cfg.mode != "vanilla")
-    ids = encode_prompt(target.tokenizer, prompt, target.max_context)  # bad prompts fail before tuning
-    costs = None
-    budget = budget_mode(args, target.device.type)
-    if cfg.mode == "dynamic" and budget != "fixed":
-        # the generation's mean context: the prompt plus half the reply it may write
-        cfg, costs, report = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
-        print(_budget_line(budget, report), file=sys.stderr)
-    header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),
-                         {"dtype": dtype_name(target.dtype), "device": target.device.type}, **head_identity(head))
+    target, head, source = load_pair(model_spec(args, cfg.mode != "vanilla"))
+    budget = budget_mode(args, cfg.mode, target.device.type)
+    run = Session.of(target, head, source).prepare(prompt, cfg, budget)
+    if run.budget_report is not None:
+        print(_budget_line(budget, run.budget_report), file=sys.stderr)
+    cfg, header = run.config, run.header
     steps = []
 
     def on_step(record) -> bool:
@@ -77,7 +72,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return False
 
     try:
-        result = generate(Decoder(target, head, cfg, costs), ids, on_step)
+        result = generate(run.decoder, run.ids, on_step)
     except BaseException:  # Ctrl-C, a closed pipe, a failure: keep what was generated, marked as such
         if args.trace and steps:
             append_trace(args.trace, mark_interrupted(Trace(header, steps)))
@@ -115,7 +110,7 @@ def _budget_line(budget: str, report: dict) -> str:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     check_runtime_args(args)
-    target, head, _ = load_pair(args, need_head=True)
+    target, head, _ = load_pair(model_spec(args, need_head=True))
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
     report = {**report, "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}
     if args.json:
@@ -145,10 +140,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--prompts {args.prompts}: profile at least one prompt.")
     if args.json and args.json.exists() and not args.force:
         raise ValueError(f"--json {args.json} exists: give a new file name, or --force to replace it.")
-    target, head, source = load_pair(args, need_head=True)
+    target, head, source = load_pair(model_spec(args, need_head=True))
     questions, _ = load_questions("mt_bench")
     prompts = [encode_prompt(target.tokenizer, q.turns[0], target.max_context) for q in questions[:args.prompts]]
-    costs, budget = None, budget_mode(args, target.device.type)
+    costs, budget = None, budget_mode(args, cfg.mode, target.device.type)
     if cfg.mode == "dynamic" and budget != "fixed":
         cfg, costs, report = tuned_config(target, head, cfg, budget)
         print(_budget_line(budget, report), file=sys.stderr)

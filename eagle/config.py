@@ -6,6 +6,7 @@ from typing import Literal
 
 Mode = Literal["vanilla", "static", "dynamic"]
 MODES: tuple[str, ...] = ("vanilla", "static", "dynamic")
+BUDGETS: tuple[str, ...] = ("fixed", "auto", "adaptive")  # tree budget policies (eagle.tools.session)
 
 
 @dataclass(frozen=True)

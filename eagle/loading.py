@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
 from .checks import check_seed
-from .config import PRESETS, DecodeConfig
-from .head import locate_head, resolve_head
-from .target import DEFAULT_MODEL, DTYPE_CHOICES, load_target
+from .config import BUDGETS, PRESETS, DecodeConfig
+from .head import AnyHead, locate_head, resolve_head
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
   --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified
@@ -64,22 +65,48 @@ def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
                       top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=check_seed(args.seed), **overrides)
 
 
-def budget_mode(args: argparse.Namespace, device_type: str) -> str:
-    """--budget as given; otherwise auto on a CPU (the GPU-tuned defaults lose to vanilla there)
-    unless the user chose the tree with --preset or an explicit size flag."""
+def check_budget(budget: str | None, mode: str) -> None:
+    """A budget policy must be one of BUDGETS, and auto/adaptive size dynamic trees only."""
+    if budget is not None and budget not in BUDGETS:
+        raise ValueError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+    if budget in ("auto", "adaptive") and mode != "dynamic":
+        raise ValueError(f"--budget {budget} sizes dynamic trees only, but --mode is {mode}: drop --budget or use "
+                         "--mode dynamic")
+
+
+def budget_mode(args: argparse.Namespace, mode: str, device_type: str) -> str:
+    """--budget as given (checked); fixed for a mode without a dynamic tree; otherwise auto on a CPU
+    (the GPU-tuned defaults lose to vanilla there) unless the user chose the tree with --preset or an
+    explicit size flag."""
+    check_budget(args.budget, mode)
     if args.budget:
         return args.budget
+    if mode != "dynamic":
+        return "fixed"
     explicit = args.preset or any(getattr(args, k) is not None for k in ("total_tokens", "depth", "top_k",
                                                                          "draft_vocab"))
     return "auto" if device_type == "cpu" and not explicit else "fixed"
 
 
-def load_pair(args: argparse.Namespace, need_head: bool):
-    """The target at --dtype (saying on stderr how auto chose it) and, when needed, the head."""
-    if need_head:  # a hub id downloads (or fails offline) before the target takes time to load
-        args.head = locate_head(args.head)
-    target = load_target(args.model, device=args.device, dtype=args.dtype)
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model pair to load, as typed settings: the target, the head (None: no head), device, dtype."""
+    model: str = DEFAULT_MODEL
+    head: str | None = "auto"
+    device: str | None = None
+    dtype: str = "auto"
+
+
+def model_spec(args: argparse.Namespace, need_head: bool) -> ModelSpec:
+    """The model flags as a ModelSpec; a hub head id is located (downloaded, or refused offline) here,
+    before the target takes time to load."""
+    return ModelSpec(str(args.model), locate_head(args.head) if need_head else None, args.device, str(args.dtype))
+
+
+def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
+    """The target at spec.dtype (saying on stderr how auto chose it) and the head, if one is named."""
+    target = load_target(spec.model, device=spec.device, dtype=spec.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
-    head, source = resolve_head(target, args.head) if need_head else (None, None)
+    head, source = resolve_head(target, spec.head) if spec.head is not None else (None, None)
     return target, head, source

@@ -9,21 +9,18 @@ from __future__ import annotations
 import argparse
 import functools
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
 from .checks import check_runtime_args
-from .loading import add_decode_args, budget_mode, config_from_args, load_pair
+from .loading import ModelSpec, add_decode_args, budget_mode, check_budget, config_from_args, load_pair, model_spec
 from .config import MODES, DecodeConfig
-from .decode import Decoder, Generation, encode_prompt, generate
+from .decode import Generation, generate
 from .frames import nodes_frame, steps_frame
-from .head import head_identity
-from .target import Target, dtype_name
-from .tools.budget import tuned_config
-from .trace import Trace, TraceHeader
+from .tools.session import Session
+from .trace import Trace
 
-PairKey = tuple[str, str, str | None, str]  # (model, head, device, dtype) as given
 
 
 @dataclass
@@ -74,36 +71,32 @@ class Explorer:
     (loading is serialised by a lock; decoding itself is not, so share a pair between threads at your risk)."""
 
     def __init__(self) -> None:
-        self._pairs: dict[PairKey, tuple[Target, object, str | None]] = {}
+        self._sessions: dict[ModelSpec, Session] = {}
         self._lock = threading.Lock()
 
     @property
-    def loaded(self) -> list[PairKey]:
-        return list(self._pairs)
+    def loaded(self) -> list[ModelSpec]:
+        return list(self._sessions)
 
-    def pair(self, args: argparse.Namespace, need_head: bool) -> tuple[Target, object, str | None]:
-        key = (str(args.model), str(args.head) if need_head else "", args.device, str(args.dtype))
+    def session(self, spec: ModelSpec) -> Session:
+        """The loaded pair for `spec`, loaded on first use."""
         with self._lock:
-            if key not in self._pairs:
-                self._pairs[key] = load_pair(args, need_head)
-            return self._pairs[key]
+            if spec not in self._sessions:
+                self._sessions[spec] = Session.of(*load_pair(spec))
+            return self._sessions[spec]
 
     def explore(self, prompt: str, **settings) -> Exploration:
         args = _settings(prompt, settings)
         cfg = config_from_args(args, args.mode)
         check_runtime_args(args)
-        target, head, source = self.pair(args, cfg.mode != "vanilla")
-        ids = encode_prompt(target.tokenizer, prompt, target.max_context)
-        costs = None
-        budget = budget_mode(args, target.device.type)
-        if cfg.mode == "dynamic" and budget != "fixed":
-            cfg, costs, _ = tuned_config(target, head, cfg, budget, context=len(ids) + cfg.max_new_tokens // 2)
-        result = generate(Decoder(target, head, cfg, costs), ids)
-        header = TraceHeader(target.name, source, asdict(cfg), prompt, len(ids),  # seconds: the wall time
-                             {"dtype": dtype_name(target.dtype), "device": target.device.type,
-                              "seconds": result.seconds}, **head_identity(head))
-        text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        return Exploration(text, result, Trace(header, result.steps), cfg, source)
+        check_budget(args.budget, cfg.mode)  # before a model loads
+        session = self.session(model_spec(args, cfg.mode != "vanilla"))
+        budget = budget_mode(args, cfg.mode, session.target.device.type)
+        run = session.prepare(prompt, cfg, budget)
+        result = generate(run.decoder, run.ids)
+        run.header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
+        text = session.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        return Exploration(text, result, Trace(run.header, result.steps), run.config, session.head_source)
 
 
 _DEFAULT_LOCK = threading.Lock()

@@ -220,6 +220,11 @@ def test_auto_budget_drives_the_live_config(live):
     chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto"))["chosen"]
     config = live.session_state["live_run"].header.config
     assert {k: config[k] for k in chosen} == chosen
+    live.sidebar.radio(key="live_budget").set_value("adaptive").run()  # auto's shape, sized every round
+    _no_trouble(live)
+    config = live.session_state["live_run"].header.config
+    assert (config["depth"], config["top_k"]) == (chosen["depth"], chosen["top_k"])
+    assert config["total_tokens"] >= chosen["total_tokens"]  # the cap: each round picks its own size
     live.sidebar.radio(key="live_budget").set_value("manual").run()  # the tree after the auto run
     _no_trouble(live)
 

@@ -9,7 +9,7 @@ from analysis.figures import accept_length_figure, tree_figure
 from analysis.tables import mode_summary, steps_frame, trace_seconds
 from app import exports, render, runner, state
 from app.persist import save, seed
-from app.settings import settings_form
+from app.settings import budget_policy, settings_form
 from eagle.config import DecodeConfig
 from eagle.decode import PromptError, encode_prompt
 from eagle.trace import Trace
@@ -26,6 +26,7 @@ def run_both(models: state.Models, prompt: str, cfg: DecodeConfig, cols: list) -
         slot = col.empty()
         try:
             decoder, ids, trace = runner.prepare(models, prompt, replace(cfg, mode=mode),
+                                                 budget_policy("cmp", mode),
                                                  on_wait=lambda slot=slot: slot.info(runner.WAIT_MESSAGE))
         except (PromptError, ValueError) as err:
             st.error(str(err))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, state
-from app.settings import settings_form
+from app.settings import budget_policy, settings_form
 
 INTRO = """
 **One round** = draft → verify → accept. The draft head (one decoder layer over the target's own
@@ -54,8 +54,9 @@ def main() -> None:
         return
     slots = live.Slots.make()
     trace = st.session_state.get(live.RUN)
-    if live.needs_run(trace, prompt, cfg):
-        trace = live.generate(models, prompt, cfg, slots)
+    budget = budget_policy("live", cfg.mode)
+    if live.needs_run(trace, prompt, cfg, budget):
+        trace = live.generate(models, prompt, cfg, budget, slots)
     if trace is not None:
         live.show_trace(trace, slots)
 

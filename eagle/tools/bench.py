@@ -20,17 +20,18 @@ import math
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from .budget import tuned_config, vanilla_name
+from .session import Session
 from .specbench import export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
 from ..checks import check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, add_decode_args, config_from_args, load_pair
+from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, config_from_args, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
@@ -170,6 +171,7 @@ class Bench:
         self.pairs, self.default_dtype, self.specs = pairs, default_dtype, specs
         self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
         self.predicted = predicted or {}  # label -> the auto budget's expected tokens/s (tuned modes)
+        self._sessions: dict[str, Session] = {}
         self.hf = {s.label: HFRunner(self.pair(s).target, configs[s.label], s.kind) for s in specs
                    if s.kind in HF_MODES}
 
@@ -227,12 +229,15 @@ class Bench:
                seconds: float, n_tokens: int) -> TraceHeader:
         meta = {"question_id": q.question_id, "category": q.category, "turn": turn, "mode_label": spec.label,
                 "seconds": seconds, "new_tokens": n_tokens, "threads": torch.get_num_threads(),
-                "dtype": self.dtype(spec), "head_sha": self.head_sha(spec)}
-        if turn > 1:
-            meta["messages"] = messages
-        pair = self.pair(spec)
-        return TraceHeader(pair.target.name, pair.source if spec.kind in ("static", "dynamic") else None,
-                           self.config_dict(spec), messages[-1]["content"], n_ids, meta)
+                "head_sha": self.head_sha(spec)}  # what resume checks (older stores have no head_version)
+        return self.session(spec).header(messages, self.config_dict(spec), n_ids, **meta)
+
+    def session(self, spec: ModeSpec) -> Session:
+        dtype = self.dtype(spec)
+        if dtype not in self._sessions:  # the head's identity is hashed once per pair
+            pair = self.pairs[dtype]
+            self._sessions[dtype] = Session.of(pair.target, pair.head, pair.source)
+        return self._sessions[dtype]
 
 
 # ---- the trace store (resume) -----------------------------------------------------------------
@@ -657,14 +662,16 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
     """The run's pair at --dtype, plus one per other dtype a mode asks for (same model and head);
     pairs already `loaded` are kept (the first of them is the run's)."""
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
-    if loaded:
+    if loaded:  # the other dtypes load the head the first pair found (no second hub lookup)
         default, pairs = next(iter(loaded)), dict(loaded)
+        spec = ModelSpec(str(args.model), pairs[default].source if need_head else None, args.device, default)
     else:
-        target, head, source = load_pair(args, need_head)
+        spec = model_spec(args, need_head)
+        target, head, source = load_pair(spec)
         default = dtype_name(target.dtype)
         pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
     for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype not in pairs}):
-        other, other_head, other_source = load_pair(argparse.Namespace(**{**vars(args), "dtype": dtype}), need_head)
+        other, other_head, other_source = load_pair(replace(spec, dtype=dtype))
         pairs[dtype] = Pair(other, other_head, other_source,
                             head_sha256(other_head) if other_head is not None else None)
     return pairs, default

@@ -1,0 +1,75 @@
+"""One session for every front end: a loaded model pair and, for each prompt, the encoded ids, the
+tree the budget policy chooses, a ready Decoder and the trace header. The CLI, the notebook API, the
+dashboard and bench all run a prompt through `Session.prepare`, so the same prompt and settings give
+the same tree and the same header (apart from times and the generation id) wherever they run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..adaptive import RoundCosts
+from ..config import DecodeConfig
+from ..decode import Decoder, encode_prompt
+from ..head import AnyHead, head_identity
+from ..loading import check_budget
+from ..target import Target, dtype_name
+from ..trace import TraceHeader
+from .budget import tuned_config
+
+Prompt = str | list[dict]  # one user message, or a conversation of chat messages
+DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanilla and bench's HF modes do not)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prompt ready to decode: what `eagle.decode.generate(prepared.decoder, prepared.ids)` needs,
+    and the header its trace gets."""
+    ids: list[int]
+    config: DecodeConfig  # the tree the budget chose, or the one given
+    decoder: Decoder
+    header: TraceHeader
+    budget_report: dict | None = None  # the auto report when a budget was tuned
+
+
+@dataclass(frozen=True)
+class Session:
+    """The target, its draft head and what trace headers record of the head (hashed once: hashing
+    reads every weight)."""
+    target: Target
+    head: AnyHead | None
+    head_source: str | None
+    identity: dict = field(default_factory=lambda: head_identity(None))
+
+    @classmethod
+    def of(cls, target: Target, head: AnyHead | None, head_source: str | None) -> "Session":
+        return cls(target, head, head_source, head_identity(head))
+
+    def tune(self, cfg: DecodeConfig, budget: str, context: int) -> tuple[DecodeConfig, RoundCosts | None, dict | None]:
+        """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
+        take the machine-tuned tree for a generation whose mean context is `context` tokens."""
+        check_budget(budget, cfg.mode)
+        if budget == "fixed":
+            return cfg, None, None
+        return tuned_config(self.target, self.head, cfg, budget, context=context)
+
+    def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:
+        """Encode (a bad prompt fails before any tuning), tune, and build the decoder and header; `meta`
+        adds front-end fields to the header's meta (bench: the question id, category and turn)."""
+        ids = encode_prompt(self.target.tokenizer, prompt, self.target.max_context)
+        # the generation's mean context: the prompt plus half the reply it may write
+        cfg, costs, report = self.tune(cfg, budget, len(ids) + cfg.max_new_tokens // 2)
+        decoder = Decoder(self.target, self.head if cfg.mode in DRAFT_MODES else None, cfg, costs)
+        return Prepared(ids, cfg, decoder, self.header(prompt, cfg, len(ids), **meta), report)
+
+    def header(self, prompt: Prompt, cfg: DecodeConfig | dict, prompt_tokens: int, **meta) -> TraceHeader:
+        """The one trace header: model, the head only when the mode drafts, the config as run (a dict
+        for bench's HF modes and its extra fields), the last user message (a conversation's messages in
+        meta), dtype and device in meta."""
+        config = asdict(cfg) if isinstance(cfg, DecodeConfig) else cfg
+        drafts = config["mode"] in DRAFT_MODES
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        base = {"dtype": dtype_name(self.target.dtype), "device": self.target.device.type}
+        if not isinstance(prompt, str) and len(prompt) > 1:
+            base["messages"] = prompt
+        identity = self.identity if drafts else head_identity(None)
+        return TraceHeader(self.target.name, self.head_source if drafts else None, config, text, prompt_tokens,
+                           {**base, **meta}, **identity)

@@ -1,0 +1,85 @@
+"""One session for every front end: the same prompt and settings give the same trace header (apart from
+times and the generation id), the same tree and the same tokens from the CLI, the notebook API, the
+dashboard's runner and bench."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from app import runner
+from app.state import Models
+from eagle import cli
+from eagle.config import DecodeConfig
+from eagle.decode import generate
+from eagle.head import head_identity, resolve_head
+from eagle.loading import budget_mode
+from eagle.notebook import Explorer
+from eagle.target import load_target
+from eagle.tools import bench
+from eagle.tools.session import Session
+from eagle.trace import read_trace
+from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture)
+
+PROMPT = "Name a fruit."
+TREE = dict(total_tokens=4, depth=2, top_k=2, max_new_tokens=8)
+FLAGS = ["--head", "random", "--dtype", "float32", "--budget", "fixed", "--total-tokens", "4", "--depth", "2",
+         "--top-k", "2", "--max-new-tokens", "8"]
+SAME = ("model", "head", "prompt", "prompt_tokens", "head_type", "head_version", "head_layout")
+
+
+def _shared(header) -> dict:
+    """What every front end's header must agree on (bench adds its question fields to meta)."""
+    return {**{k: getattr(header, k) for k in SAME}, "dtype": header.meta["dtype"], "device": header.meta["device"]}
+
+
+@pytest.mark.slow
+def test_four_front_ends_write_the_same_header_and_tokens(tiny_dir, tmp_path, single_thread):  # noqa: F811
+    model = str(tiny_dir)
+    assert cli.main(["generate", "--model", model, "--prompt", PROMPT, *FLAGS, "--trace", str(tmp_path / "cli.jsonl"),
+                     "--json", "--threads", "1"]) == 0
+    cli_trace = read_trace(tmp_path / "cli.jsonl")[0][0]
+
+    nb = Explorer().explore(PROMPT, model=model, head="random", dtype="float32", budget="fixed", **TREE)
+
+    target = load_target(model, dtype="float32")
+    head, source = resolve_head(target, "random")
+    decoder, ids, app_trace = runner._prepare(Models(target, head, source, head_identity(head)), PROMPT,
+                                              DecodeConfig(**TREE))
+    app_tokens = generate(decoder, ids).tokens
+
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text(json.dumps({"question_id": 1, "category": "c", "turns": [PROMPT]}) + "\n")
+    assert bench.main(["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same",
+                       *FLAGS, "--out", str(tmp_path / "bench"), "--threads", "1"]) == 0
+    bench_trace = read_trace(tmp_path / "bench" / "traces" / "dynamic.jsonl")[0][0]
+
+    headers = [cli_trace.header, nb.trace.header, app_trace.header, bench_trace.header]
+    assert all(_shared(h) == _shared(cli_trace.header) for h in headers)
+    assert cli_trace.header.head_version is not None and cli_trace.header.head_type == "eagle1"
+    assert cli_trace.header.config == nb.trace.header.config == app_trace.header.config  # the same tree
+    assert bench_trace.header.config == {**cli_trace.header.config, "dtype": "float32"}  # bench names the dtype
+    tokens = [t for s in cli_trace.steps for t in s.new_tokens]
+    assert tokens == nb.generation.tokens == app_tokens == [t for s in bench_trace.steps for t in s.new_tokens]
+
+
+def test_budget_policy_is_checked_once_and_defaults_by_mode(tiny_dir):  # noqa: F811
+    class Args:
+        budget, preset, total_tokens, depth, top_k, draft_vocab = None, None, None, None, None, None
+    assert budget_mode(Args(), "dynamic", "cpu") == "auto" and budget_mode(Args(), "static", "cpu") == "fixed"
+    assert budget_mode(Args(), "dynamic", "cuda") == "fixed"
+    Args.budget = "huge"
+    with pytest.raises(ValueError, match="budget must be one of fixed, auto, adaptive"):
+        budget_mode(Args(), "dynamic", "cpu")
+    target = load_target(str(tiny_dir), dtype="float32")
+    session = Session.of(target, None, None)
+    with pytest.raises(ValueError, match="sizes dynamic trees only"):
+        session.prepare(PROMPT, DecodeConfig(mode="vanilla"), "auto")
+    with pytest.raises(ValueError, match="sizes dynamic trees only"):
+        Explorer().explore(PROMPT, model=str(tiny_dir), mode="vanilla", budget="auto")
+    run = session.prepare(PROMPT, DecodeConfig(mode="vanilla", max_new_tokens=3))
+    assert run.header.head is None and run.header.head_version is None and run.budget_report is None
+    assert run.header.config == asdict(run.config) and run.header.meta == {"dtype": "float32", "device": "cpu"}
+    conversation = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": PROMPT}]
+    header = session.prepare(conversation, DecodeConfig(mode="vanilla", max_new_tokens=3)).header
+    assert header.prompt == PROMPT and header.meta["messages"] == conversation
