@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app import runner
+from eagle.config import DecodeConfig
 from eagle.target import DEFAULT_MODEL
 from eagle.trace import read_trace, write_trace
 
@@ -124,7 +126,9 @@ def _stopped_after(full, steps: int):
     at = _page("live").run()
     _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
     _type_prompt(at, full.header.prompt)
-    at.session_state["live_run"] = partial
+    at.session_state["live_run"] = partial  # as app.live.generate leaves it: the run and what it was asked for
+    at.session_state["live_run_request"] = runner.request_key(full.header.prompt, DecodeConfig(**full.header.config),
+                                                              "fixed")
     at.session_state["live_stop_requested"] = True
     at.run()
     _no_trouble(at)
