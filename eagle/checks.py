@@ -1,17 +1,37 @@
 """Checks of a command's input that need no model, run before one loads (a bad flag costs no
-loading time): argv encoding, output paths, --seed, --device and --threads. Shared by the CLI,
-bench and train, each of which runs inside eagle.files.run_guarded."""
+loading time) and before anything is written: argv encoding, output paths, --seed, --device and the
+range of every numeric flag (FLAG_RANGES). Shared by the CLI, bench and train, each of which runs
+inside eagle.files.run_guarded."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
 import torch
 
+from .config import TEMPERATURE_MAX
 from .target import parse_device
 
 SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; keeping to the signed range leaves room for seed + offset
+
+# The range of each numeric flag, by argparse dest: (least, greatest or None for no bound). One table
+# for every command, so a flag two commands share (--batch, --vocab-k) has one range; 0 is allowed
+# where the flag's help gives it a meaning (off, all, no limit). Decoding settings are checked by
+# DecodeConfig.validate instead, and --seed by check_seed.
+FLAG_RANGES: dict[str, tuple[float, float | None]] = {
+    "threads": (1, None),
+    # prepare and distill
+    "conversations": (1, None), "max_len": (1, None), "heldout_fraction": (0, 1), "shard_size": (1, None),
+    "distill_max_new_tokens": (1, None), "distill_max_prompt_tokens": (1, None), "distill_batch": (1, None),
+    "distill_temperature": (0, TEMPERATURE_MAX),
+    # train and evaluate
+    "steps": (0, None), "lr": (0, None), "batch": (1, None), "warmup": (0, None), "noise": (0, None),
+    "vocab_k": (0, None), "checkpoint_every": (0, None), "eval_every": (0, None), "eval_samples": (1, None),
+    "log_every": (1, None), "max_minutes": (0, None), "ttt_steps": (1, None), "ttt_decay": (0, 1),
+    "draft_vocab_size": (0, None), "samples": (0, None),
+}
 
 
 def check_seed(seed: int) -> int:
@@ -26,10 +46,24 @@ def check_runtime_args(args: argparse.Namespace) -> None:
     parse_device(args.device)
     if getattr(args, "seed", None) is not None:
         check_seed(args.seed)
+    check_ranges(args)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """Each flag of FLAG_RANGES that `args` holds (None: not given, a default meaning "all") in its range.
+    NaN fails every comparison, so it is refused with the rest; an infinity is named as such."""
+    for dest, (low, high) in FLAG_RANGES.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, float) and math.isinf(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
+        if not (value >= low and (high is None or value <= high)):
+            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            raise ValueError(f"{flag} must be {span}, got {value}")
 
 
 def check_argv(argv: list[str]) -> None:

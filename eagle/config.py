@@ -7,6 +7,7 @@ from typing import Literal
 Mode = Literal["vanilla", "static", "dynamic"]
 MODES: tuple[str, ...] = ("vanilla", "static", "dynamic")
 BUDGETS: tuple[str, ...] = ("fixed", "auto", "adaptive")  # tree budget policies (eagle.tools.session)
+TEMPERATURE_MAX = 10.0  # beyond this, sampling is as good as uniform: a larger value is a typo
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class DecodeConfig:
         checks = [
             (self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
             (1 <= self.max_new_tokens <= 100_000, f"max_new_tokens must be in 1..100000, got {self.max_new_tokens}"),
-            (0.0 <= self.temperature <= 10.0, f"temperature must be in [0, 10], got {self.temperature}"),
+            (0.0 <= self.temperature <= TEMPERATURE_MAX,
+             f"temperature must be in [0, {TEMPERATURE_MAX:g}], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k_sampling >= 0, f"top_k_sampling must be >= 0, got {self.top_k_sampling}"),
             (1 <= self.total_tokens <= 1024, f"total_tokens must be in 1..1024, got {self.total_tokens}"),

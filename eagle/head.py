@@ -231,12 +231,29 @@ def load_head(path: str | Path, target=None) -> AnyHead:
 
 
 def _load_counts(head: AnyHead, path: Path) -> None:
-    if (path / COUNTS_FILE).is_file():
-        counts = read_tensors(path / COUNTS_FILE).get("token_counts")
-        if counts is None or counts.shape != head.token_counts.shape:
-            raise ValueError(f"{path / COUNTS_FILE} holds no token_counts for a vocabulary of "
-                             f"{head.config.vocab_size}.")
+    counts = read_token_counts(path, head.config.vocab_size)
+    if counts is not None:
         head.token_counts.copy_(counts)
+
+
+def read_token_counts(path: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """The token counts saved beside a head (None when it has none): the one reader of COUNTS_FILE, for
+    load_head and export-token-map alike, so a file that one refuses the other never reads as a wrong
+    vocabulary. One sentence naming the file unless it holds one count >= 0 per token of the vocabulary."""
+    file = Path(path) / COUNTS_FILE
+    if not file.is_file():
+        return None
+    counts = read_tensors(file).get("token_counts")
+    if counts is None:
+        raise ValueError(f"{file} holds no token_counts tensor: copy it again, or delete it to use the head "
+                         "without counts.")
+    if counts.shape != (vocab_size,):
+        raise ValueError(f"{file} holds token_counts of shape {tuple(counts.shape)}, not one count per token of "
+                         f"the head's vocabulary of {vocab_size}.")
+    if counts.is_floating_point() or counts.is_complex() or bool((counts < 0).any()):
+        raise ValueError(f"{file} holds token_counts that are not counts (negative or not integers, "
+                         f"{str(counts.dtype).removeprefix('torch.')}).")
+    return counts.long()
 
 
 def head_sha256(head: AnyHead) -> str:

@@ -335,6 +335,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
 # ---- "auto" precision on a CPU ------------------------------------------------------------------
 DTYPE_PROBE_NS = (1, 8)  # a plain decoding step and a typical small verify tree
 DTYPE_PREFIX = 192
+CPU_DTYPES = ("float32", "bfloat16")  # what "auto" chooses between on a CPU (fp16 matmuls are slow there)
 
 
 def _forward_job(target: Target, n_new: int) -> Callable[[], None]:
@@ -349,7 +350,7 @@ def _forward_job(target: Target, n_new: int) -> Callable[[], None]:
     return lambda: target.forward(ids[:, DTYPE_PREFIX:], pos, cache, DTYPE_PREFIX)
 
 
-def measure_dtypes(target: Target, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+def measure_dtypes(target: Target, dtypes: tuple[str, ...] = CPU_DTYPES,
                    repeats: int = 15) -> dict[str, dict[int, float]]:
     """Median forward time per dtype and token count, all probes interleaved so a drift in the
     machine's load hits each alike. Works on copies: `target` is left as it is."""
@@ -364,14 +365,23 @@ def choose_cpu_dtype(target: Target, refresh: bool = False) -> dict:
     CPU and thread count. Returns {"chosen", "ms": {dtype: {n: ms}}, "reason", "file"}."""
     key = f"{target.name}|{device_name(target.device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
     path = cache_dir() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
-    report = None if refresh else read_json_or_none(path)
-    if report is None or report.get("key") != key:
+    report = None if refresh else _cached_dtype_choice(path, key)
+    if report is None:
         measured = measure_dtypes(target)
         ms = {d: {str(n): round(1000 * t, 2) for n, t in by_n.items()} for d, by_n in measured.items()}
         chosen = min(ms, key=lambda d: sum(ms[d].values()))
         report = {"key": key, "chosen": chosen, "ms": ms, "reason": _dtype_reason(chosen, ms)}
         atomic_write_json(path, report)
     return {**report, "file": str(path)}
+
+
+def _cached_dtype_choice(path: Path, key: str) -> dict | None:
+    """The cached report when it is for this key and whole; a choice outside CPU_DTYPES or a reason that
+    is no text (an edit, another version's format) makes it stale, to be measured again."""
+    report = read_json_or_none(path)
+    if report is None or report.get("key") != key or report.get("chosen") not in CPU_DTYPES:
+        return None
+    return report if isinstance(report.get("reason"), str) else None
 
 
 def _dtype_reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:

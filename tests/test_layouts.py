@@ -267,6 +267,7 @@ BAD = {  # case -> (files, file named, field named)
     "extra tensor (HASS layernorm)": (_hass, "model.safetensors", "embed_layernorm.weight"),
     "d2t too short": (_eagle3(lambda s: s.update(d2t=s["d2t"][:-1])), "model.safetensors", "d2t"),
     "d2t out of range": (_eagle3(lambda s: s["d2t"].__setitem__(-1, 5)), "model.safetensors", "d2t"),
+    "d2t below zero": (_eagle3(lambda s: s["d2t"].__setitem__(0, -1)), "model.safetensors", "d2t"),
     "t2d disagrees with d2t": (_eagle3(lambda s: s["t2d"].__setitem__(1, True)), "model.safetensors", "t2d"),
     "no d2t for a smaller draft vocabulary": (_eagle3(lambda s: (s.pop("d2t"), s.pop("t2d"))),
                                               "model.safetensors", "d2t"),

@@ -137,3 +137,21 @@ def test_auto_dtype_picks_the_faster_measured_and_caches_it(tmp_path, monkeypatc
         "float32": {1: 2.0, 8: 2.0}, "bfloat16": {1: 1.0, 8: 1.0}})
     assert target_mod.choose_cpu_dtype(tiny)["ms"] == ms and not calls
     assert target_mod.choose_cpu_dtype(tiny, refresh=True)["chosen"] == "bfloat16" and len(calls) == 1
+
+
+@pytest.mark.parametrize("edit", [{"chosen": "float64"}, {"chosen": ["bfloat16"]}, {"reason": None}, {"key": "x"}])
+def test_a_precision_cache_outside_its_set_is_measured_again(tmp_path, monkeypatch, edit):
+    """A cached --dtype auto choice that names no dtype auto measures (a hand edit, another version) is
+    stale: measured again and rewritten, never a KeyError when the model is cast."""
+    from eagle import target as target_mod
+    from eagle.files import atomic_write_json
+    from tests.tiny import tiny_target
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    monkeypatch.setattr(target_mod, "measure_dtypes", lambda t: {"float32": {1: 2.0, 8: 2.0},
+                                                                 "bfloat16": {1: 1.0, 8: 1.0}})
+    tiny = tiny_target()
+    report = target_mod.choose_cpu_dtype(tiny)
+    path = Path(report.pop("file"))
+    atomic_write_json(path, {**report, **edit})
+    assert target_mod.choose_cpu_dtype(tiny)["chosen"] == "bfloat16"
+    assert json.loads(path.read_text()) == report  # rewritten whole

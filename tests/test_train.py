@@ -101,10 +101,8 @@ def test_prepare_and_train_end_to_end(target, tmp_path: Path) -> None:
     assert pred.shape == (1, ids.shape[1] - 1, 576) and torch.isfinite(pred).all()
 
 
-def test_ttt_flags_reject_bad_values(capsys) -> None:
+def test_ttt_flags_parse() -> None:
+    """(--ttt-steps 0 and other out-of-range values: tests/test_arguments.py.)"""
     from eagle.training.commands import build_parser
-    with pytest.raises(SystemExit) as err:
-        build_parser().parse_args(["train", "--ttt-steps", "0"])
-    assert err.value.code == 2 and "--ttt-steps" in capsys.readouterr().err
     args = build_parser().parse_args(["train", "--ttt-steps", "4", "--loss", "token"])
     assert (args.ttt_steps, args.ttt_decay, args.loss) == (4, 0.8, "token")

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from ..files import atomic_write
-from ..head import COUNTS_FILE, shipped_head_path, top_token_ids
+from ..head import COUNTS_FILE, read_head, read_token_counts, shipped_head_path, top_token_ids
 from ..target import DEFAULT_MODEL
 
 
@@ -26,11 +25,13 @@ def head_dir(head: str, model: str) -> Path:
 
 def token_map(head: str = "auto", k: int = 32768, model: str = DEFAULT_MODEL) -> torch.Tensor:
     """The k most frequent token ids of a head's recorded counts (ascending), as SGLang wants them."""
-    path = head_dir(head, model) / COUNTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"--head {head}: {path} is missing, so the head has no token counts "
-                                "(train records them; see TRAINING.md)")
-    counts = load_file(str(path))["token_counts"]
+    path = head_dir(head, model)
+    # read and checked as load_head reads them: the counts must cover the vocabulary config.json names
+    _, config = read_head(path)
+    counts = read_token_counts(path, config.vocab_size)
+    if counts is None:
+        raise FileNotFoundError(f"--head {head}: {path / COUNTS_FILE} is missing, so the head has no token "
+                                "counts (train records them; see TRAINING.md)")
     if not 0 < k < counts.numel():
         raise ValueError(f"--k must be between 1 and {counts.numel() - 1} (the vocabulary size - 1), got {k}")
     ids = top_token_ids(counts, k)

@@ -84,7 +84,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default=d.init, help="warm start from this head directory")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
                    help="end early (saving the head) after this many minutes; 0 = no limit")
-    p.add_argument("--ttt-steps", type=_positive_int, default=d.ttt_steps,
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps,
                    help="training-time test: draft steps unrolled per position (%(default)s = no unrolling)")
     p.add_argument("--ttt-decay", type=float, default=d.ttt_decay,
                    help="loss weight of unrolled step j is DECAY**j (%(default)s)")
@@ -94,13 +94,6 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size,
                    help="EAGLE-3: the head's own vocabulary is the K most frequent training tokens (d2t/t2d); "
                         "0 = the target's whole vocabulary (%(default)s)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _run_train(args: argparse.Namespace, target: Target) -> None:
