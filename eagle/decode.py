@@ -8,20 +8,21 @@ one Decoder runs any number of generations, even interleaved.
 Public surface (what eagle/tools/, the app and notebooks may import; the rest is internal):
     Decoder, DecodeState, generate, Generation   decoding and its result
     encode_prompt, check_prompt, PromptError     the prompt: chat template and the one length check
-    TokenTexts                                   memoised token id -> text
+    TokenTexts                                   memoised token id -> label (eagle.detok.token_text)
     new_drafter (-> Drafter)                     the draft head and its cache, as a round uses them
     draft_round                                  one dynamic round's drafting, as the Decoder runs it
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
 from .adaptive import RoundCosts, best_tree_size
 from .config import DecodeConfig
+from .detok import TextWindow, next_text, token_text
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
 from .kvcache import KVCache
@@ -54,7 +55,8 @@ class Round:
 
 
 class TokenTexts:
-    """Memoised token id -> text, so traces stay cheap in the hot loop."""
+    """Memoised token id -> label (eagle.detok.token_text: a partial character shows as its bytes),
+    so traces stay cheap in the hot loop."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer, self._cache = tokenizer, {}
@@ -62,7 +64,7 @@ class TokenTexts:
     def __call__(self, token: int) -> str:
         text = self._cache.get(token)
         if text is None:
-            text = self._cache[token] = self.tokenizer.decode([token])
+            text = self._cache[token] = token_text(self.tokenizer, token)
         return text
 
 
@@ -91,9 +93,10 @@ def encode_prompt(tokenizer, prompt: str | list[dict], max_context: int, chat: b
 
 @dataclass
 class DecodeState:
-    """Everything one generation changes: the caches, the sampling RNG, the draft's root feature and
-    the counters. `Decoder.steps` makes one per generation, so one Decoder (models, config, plans)
-    can run many generations, interleaved or not, without them touching each other."""
+    """Everything one generation changes: the caches, the sampling RNG, the draft's root feature, the
+    reply's text window and the counters. `Decoder.steps` makes one per generation, so one Decoder
+    (models, config, plans) can run many generations, interleaved or not, without them touching each
+    other."""
     max_len: int  # cache slots this generation may use (prompt + max_new_tokens + one tree)
     t_cache: KVCache  # the target's
     generator: torch.Generator  # CPU: acceptance runs on the host
@@ -103,6 +106,7 @@ class DecodeState:
     root: int = -1  # the last token the target produced: the next round's tree root
     produced: int = 0  # new tokens so far
     step: int = 0  # the next record's step number
+    text: TextWindow = field(default_factory=TextWindow)  # the reply's text so far (eagle.detok.next_text)
 
     def advance(self, record: StepRecord) -> None:
         """After a record: its bonus token is the next root, its tokens count as produced."""
@@ -171,9 +175,10 @@ class Decoder:
             nxt = torch.cat([ids[0, 1:], torch.tensor([token], device=ids.device)])
             s.root_hidden = s.drafter.consume(nxt, features[0])
         finished = self._finish_reason([token], 0)
+        new_text = self._new_text(s, [token], finished)
         s.clock.lap("prefill")
         return StepRecord(step=0, mode=self.cfg.mode, nodes=[], accepted=[], bonus_token=token,
-                          bonus_text=self.texts(token), new_tokens=[token], new_text=self.texts(token),
+                          bonus_text=self.texts(token), new_tokens=[token], new_text=new_text,
                           accept_length=1, timings=dict(s.clock.laps), finished=finished)
 
     def _step(self, s: DecodeState) -> StepRecord:
@@ -273,9 +278,15 @@ class Decoder:
                 return reason
         return None
 
+    def _new_text(self, s: DecodeState, new_tokens: list[int], finished: str | None) -> str:
+        """The text new_tokens add to the reply, whole characters only (the last round flushes), so the
+        records' new_text concatenate to the reply's decode without special tokens."""
+        text, s.text = next_text(self.target.tokenizer, s.text, new_tokens, final=finished is not None)
+        return text
+
     def _record(self, s: DecodeState, rnd: Round, new_tokens: list[int], finished: str | None) -> StepRecord:
         nodes, accepted_ids = _trace_nodes(rnd, self.texts)
-        new_text = self.target.tokenizer.decode(new_tokens)
+        new_text = self._new_text(s, new_tokens, finished)
         s.clock.lap("record")
         return StepRecord(step=s.step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
                           bonus_token=rnd.bonus, bonus_text=self.texts(rnd.bonus), new_tokens=new_tokens,

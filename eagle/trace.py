@@ -1,6 +1,6 @@
 """The trace: one record per decoding round, written as JSON lines and read back.
 
-Schema `eagle2-explorer/trace`, version 2. A trace file holds, per generation, a header line, then one
+Schema `eagle2-explorer/trace`, version 3. A trace file holds, per generation, a header line, then one
 line per round; every record carries the generation's id, so records of two generations never merge:
 
 header: {"schema", "version", "kind": "header", "generation": id, "model", "head",
@@ -18,8 +18,16 @@ step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [N
         Step 0 is the prefill: no nodes, one new token, timings {"prefill": s}. The last step's
         "finished" says why the generation ended ("eos", "max_new_tokens", "context"), or
         "interrupted" (then the header's meta has "interrupted": true) when it was cut short.
+        new_text: what the round adds to the reply's text (eagle.detok.next_text): whole characters
+        only (a character still incomplete waits for the round that completes it; the last round
+        flushes), special tokens such as <|im_end|> left out, so the new_text of a finished
+        generation concatenate to tokenizer.decode(tokens, skip_special_tokens=True). An interrupted
+        one may lack a trailing partial character. bonus_text is the bonus token's label, as a node's.
 node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "depth": int (root 0),
-         "token": int, "text": str, "confidence": draft probability of this token given its parent,
+         "token": int, "text": the token's own label (eagle.detok.token_text: special tokens written out;
+         a token holding part of a character shows its bytes, undecodable ones as \\xNN, e.g. " \\xf0\\x9f"
+         for a space and an emoji's first two bytes; a SentencePiece byte token as its name, "<0xF0>"),
+         "confidence": draft probability of this token given its parent,
          "value": product of confidences along the path (EAGLE-2's node value), "rank": rank among its
          siblings by confidence (0 = best), "kept": survived reranking (was verified), "accepted": bool,
          "target_prob": the target's (processed) probability of this token at its parent, or null if
@@ -33,6 +41,8 @@ two generations interleaved in one file still come apart), drops and reports a t
 not follow each other (a step number that restarts or goes back, a mode that changes, a step after
 the finished one: the signs of two generations mixed without ids) and counts the traces that never
 finished. Version 1 files (no generation ids) read as before, each step going to the last header.
+Version 2 files read unchanged; their text fields were each round's and token's own decode, so a
+character split across rounds or tokens shows there as U+FFFD and new_text includes special tokens.
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ from typing import Iterable
 
 from .files import atomic_write, locked_append
 
-SCHEMA, VERSION = "eagle2-explorer/trace", 2
+SCHEMA, VERSION = "eagle2-explorer/trace", 3
 INTERRUPTED = "interrupted"  # the last step's `finished` when the generation was cut short
 
 

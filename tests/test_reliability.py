@@ -288,6 +288,15 @@ def test_a_version_1_trace_still_reads(tmp_path):
     assert len(traces[0].steps) == 3 and report.skipped_lines == 0 and report.interrupted == 0
 
 
+def test_a_version_2_trace_still_reads(tmp_path):
+    """Version 2 decoded each round alone: its text fields (split characters, special tokens) read as written."""
+    path = tmp_path / "t.jsonl"
+    head, *steps = _lines(_finished_trace(3, writer="\ufffd<|im_end|>"))
+    path.write_text("\n".join([json.dumps(json.loads(head) | {"version": 2}), *steps]) + "\n")
+    traces, report = read_trace(path)
+    assert [s.new_text for s in traces[0].steps] == ["\ufffd<|im_end|>"] * 3 and report.skipped_lines == 0
+
+
 def test_write_trace_is_atomic_with_unique_temporaries(tmp_path):
     path = tmp_path / "t.jsonl"
     write_trace(path, [_finished_trace(2)])

@@ -34,6 +34,7 @@ from ..checks import check_argv, check_output, check_runtime_args
 from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, config_from_args, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
+from ..detok import TextWindow, next_text, token_text
 from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from ..head import head_sha256
 from ..questions import Question, load_questions, select_questions
@@ -211,9 +212,10 @@ class Bench:
             t0 = time.perf_counter()
             tokens, forwards, finished = self.hf[spec.label](ids, max_new_tokens)
             seconds = time.perf_counter() - t0
-            text = self.target.tokenizer.decode(tokens)
+            tok = self.target.tokenizer
+            text = next_text(tok, TextWindow(), tokens, final=True)[0]  # one round: the text as the Decoder's records
             step = StepRecord(step=0, mode=spec.kind, nodes=[], accepted=[], bonus_token=tokens[-1],
-                              bonus_text=self.target.tokenizer.decode(tokens[-1:]), new_tokens=tokens,
+                              bonus_text=token_text(tok, tokens[-1]), new_tokens=tokens,
                               new_text=text, accept_length=1, timings={"generate": seconds},
                               target_forwards=forwards, finished=finished)
             return tokens, seconds, forwards, [step]
