@@ -145,6 +145,8 @@ def generate(models: state.Models, prompt: str, cfg: DecodeConfig, budget: str, 
         return None
     st.session_state[RUN] = trace
     st.session_state[REQUEST] = runner.request_key(prompt, cfg, budget)
+    if trace.header.meta.get("note"):
+        st.info(trace.header.meta["note"].capitalize() + ".")
     st.session_state[RUN_ID] = st.session_state.get(RUN_ID, 0) + 1
     st.session_state.pop(STOP, None)
     slots.tokens.button("Stop", key="live_stop", icon=":material/stop_circle:", on_click=request_stop)

@@ -62,6 +62,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     run = Session.of(target, head, source).prepare(prompt, cfg, budget)
     if run.budget_report is not None:
         print(_budget_line(budget, run.budget_report), file=sys.stderr)
+    if run.note:
+        print(f"note: {run.note}", file=sys.stderr)
     cfg, header = run.config, run.header
     steps = []
 

@@ -92,7 +92,7 @@ class Explorer:
         check_budget(args.budget, cfg.mode)  # before a model loads
         session = self.session(model_spec(args, cfg.mode != "vanilla"))
         budget = budget_mode(args, cfg.mode, session.target.device.type)
-        run = session.prepare(prompt, cfg, budget)
+        run = session.prepare(prompt, cfg, budget)  # run.header.meta["note"] says when auto fell back to vanilla
         result = generate(run.decoder, run.ids)
         run.header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
         text = session.target.tokenizer.decode(result.tokens, skip_special_tokens=True)

@@ -83,3 +83,20 @@ def test_budget_policy_is_checked_once_and_defaults_by_mode(tiny_dir):  # noqa: 
                     {"role": "user", "content": PROMPT}]
     header = session.prepare(conversation, DecodeConfig(mode="vanilla", max_new_tokens=3)).header
     assert header.prompt == PROMPT and header.meta["messages"] == conversation
+
+
+def test_auto_falls_back_to_vanilla_when_no_tree_pays(tiny_dir, monkeypatch):  # noqa: F811
+    """A head the auto budget expects to lose (a random one) decodes as vanilla, and says why."""
+    from eagle.tools import session as session_module
+    target = load_target(str(tiny_dir), dtype="float32")
+    head, source = resolve_head(target, "random")
+    session = Session.of(target, head, source)
+    losing = {"expected_speedup_same_dtype": 0.44, "same_dtype_factor": 1.0, "chosen": {}}
+    monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context: (cfg, None, losing))
+    run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
+    assert run.config.mode == "vanilla" and run.decoder.head is None and "0.44x" in run.note
+    assert run.header.meta["note"] == run.note and run.header.head is None
+    paying = {**losing, "expected_speedup_same_dtype": 1.3}
+    monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context: (cfg, None, paying))
+    run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
+    assert run.config.mode == "dynamic" and run.note is None and "note" not in run.header.meta

@@ -28,6 +28,7 @@ class Prepared:
     decoder: Decoder
     header: TraceHeader
     budget_report: dict | None = None  # the auto report when a budget was tuned
+    note: str | None = None  # why the settings were changed (auto fell back to plain decoding)
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,31 @@ class Session:
             return cfg, None, None
         return tuned_config(self.target, self.head, cfg, budget, context=context)
 
+    @staticmethod
+    def fallback(cfg: DecodeConfig, report: dict | None) -> tuple[DecodeConfig, str | None]:
+        """Plain decoding, and the sentence saying why, when the auto budget expects no tree to beat
+        vanilla decoding at the model's own precision (a random or poor head); else cfg unchanged."""
+        if report is None or "expected_speedup_same_dtype" not in report:
+            return cfg, None
+        choice = report.get("context_choice")
+        expected = choice["speedup"] / report["same_dtype_factor"] if choice else report["expected_speedup_same_dtype"]
+        if expected >= 1.0:
+            return cfg, None
+        return cfg.with_(mode="vanilla"), (f"the auto budget expects no tree to pay here (its best, "
+                                           f"{expected:.2f}x vanilla at this precision): decoding as vanilla")
+
     def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:
         """Encode (a bad prompt fails before any tuning), tune, and build the decoder and header; `meta`
         adds front-end fields to the header's meta (bench: the question id, category and turn)."""
         ids = encode_prompt(self.target.tokenizer, prompt, self.target.max_context)
         # the generation's mean context: the prompt plus half the reply it may write
         cfg, costs, report = self.tune(cfg, budget, len(ids) + cfg.max_new_tokens // 2)
+        cfg, note = self.fallback(cfg, report)
+        costs = costs if cfg.mode in DRAFT_MODES else None
         decoder = Decoder(self.target, self.head if cfg.mode in DRAFT_MODES else None, cfg, costs)
-        return Prepared(ids, cfg, decoder, self.header(prompt, cfg, len(ids), **meta), report)
+        if note:  # the trace says why it is not the mode asked for
+            meta = {**meta, "note": note}
+        return Prepared(ids, cfg, decoder, self.header(prompt, cfg, len(ids), **meta), report, note)
 
     def header(self, prompt: Prompt, cfg: DecodeConfig | dict, prompt_tokens: int, **meta) -> TraceHeader:
         """The one trace header: model, the head only when the mode drafts, the config as run (a dict
