@@ -7,7 +7,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "runs" / "bench"
+# Where `eagle bench` writes by default: runs/bench under the working directory (the checkout for
+# `make app`), not beside this file, which an installed wheel puts in site-packages.
+BENCH_DIR = Path("runs") / "bench"
 AUTO_MODES = ("dynamic:auto", "dynamic:adaptive")
 
 

@@ -1,4 +1,5 @@
-"""EAGLE-2 Explorer: `streamlit run app/main.py`. The router; every page lives in app/pages/."""
+"""EAGLE-2 Explorer: `eagle2-explorer app` (or `streamlit run app/main.py`). The router; every page lives in
+app/pages/. Its server settings are in app/.streamlit/config.toml."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Command line: `python -m eagle generate|bench|prepare|train ...`. argparse lives only here.
+"""Command line: `python -m eagle generate|bench|prepare|train|app ...` (installed: `eagle2-explorer ...`).
+argparse lives only here.
 
 Every command runs inside `eagle.files.run_guarded`: a bad input is one sentence and exit code 2.
 The checks that need no model (flags, paths, argv and stdin encoding) run before one loads."""
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +33,9 @@ from .trace import Trace, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
 DELEGATED = ("bench", "prepare", "train", "evaluate", "distill")
+# The dashboard script, beside this package both in a checkout and in site-packages (the wheel installs
+# eagle and app side by side); located by path because eagle never imports the app layer.
+DASHBOARD = Path(__file__).resolve().parent.parent / "app" / "main.py"
 
 
 def read_prompt(prompt: str) -> str:
@@ -224,13 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export_head)
     for name in DELEGATED:
         sub.add_parser(name, add_help=False, help=f"see `python -m eagle {name} --help`")
+    sub.add_parser("app", add_help=False, help="start the dashboard (`streamlit run` on the installed "
+                   "app/main.py); further flags go to streamlit, e.g. --server.port 8502")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Every command; bench, prepare, train and distill are handed to their modules' mains, which
-    run inside the same error boundary."""
+    run inside the same error boundary, and app to streamlit."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "app":  # every further flag is streamlit's
+        return run_guarded(lambda: start_dashboard(argv[1:]))
     if argv and argv[0] in DELEGATED:
         return _delegate(argv[0], argv[1:])
     return run_guarded(lambda: _run(argv))
@@ -246,3 +255,14 @@ def _delegate(command: str, argv: list[str]) -> int:
     if command == "bench":
         return bench_main(argv)
     return training_main([command, *argv])
+
+
+def start_dashboard(argv: list[str]) -> int:
+    """Replace this process with `streamlit run` on the dashboard, so Ctrl-C and a terminate signal reach
+    the server itself. streamlit runs as a module of this interpreter: eagle never imports it."""
+    if not DASHBOARD.is_file():
+        raise ValueError(f"the dashboard script {DASHBOARD} is missing: reinstall eagle2-explorer")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD), *argv]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # not reached: execv returns only by raising OSError

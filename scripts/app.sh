@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/streamlit run app/main.py "$@"
+exec .venv/bin/eagle2-explorer app "$@"

@@ -1,6 +1,6 @@
 """Live page speed against the decoder, side by side in one run.
 
-Starts `streamlit run app/main.py`, drives it with Debian's headless Chromium (1400x1000), types a
+Starts the dashboard (`python -m eagle app`), drives it with Debian's headless Chromium (1400x1000), types a
 prompt, and records in the page itself (a 50 ms sampler, so the driver does not poll the machine
 busy) when the first draft tree appears and how the token count grows. `python -m eagle generate
 --json` decodes the same prompt with the same settings before, between and after the page runs.
@@ -26,7 +26,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -94,15 +94,20 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
     raise TimeoutError("streamlit did not become healthy")
 
 
+# How users start the dashboard: `eagle2-explorer app` (here the checkout's `python -m eagle app`), which
+# execs `streamlit run app/main.py`; tests/test_package.py passes an installed wheel's command instead.
+CHECKOUT_APP = (sys.executable, "-m", "eagle", "app")
+
+
 @contextmanager
-def streamlit_server(log_path: Path) -> Iterator[str]:
-    """`streamlit run app/main.py` on a free local port; yields its URL and stops it afterwards."""
+def streamlit_server(log_path: Path, launcher: Sequence[str] = CHECKOUT_APP, cwd: Path = ROOT) -> Iterator[str]:
+    """The dashboard started by `launcher` in `cwd` on a free local port; yields its URL once healthy and
+    stops it afterwards."""
     port = free_port()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless",
-                                 "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-                                 "--browser.gatherUsageStats", "false"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*launcher, "--server.headless", "true", "--server.port", str(port),
+                                 "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+                                cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, proc)

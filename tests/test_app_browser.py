@@ -1,4 +1,5 @@
-"""End to end: `streamlit run app/main.py` in a subprocess, driven by Debian's headless Chromium.
+"""End to end: the dashboard (`python -m eagle app`, i.e. `streamlit run app/main.py`) in a subprocess,
+driven by Debian's headless Chromium.
 
 Types a prompt into the live explorer, measures (in the page) the time to the first draft tree and
 the tokens/s the page shows against the decoder's own tokens/s, switches to another page and back

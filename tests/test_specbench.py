@@ -1,28 +1,78 @@
 """`bench --export spec-bench` on the real model (shipped head, a few tokens): the answer files parse the
-way Spec-Bench's evaluation reads them, agree with our traces, and the printed speed-up is theirs."""
+way Spec-Bench's evaluation reads them, agree with our traces, keep no special token in their replies (as
+Spec-Bench's eval.py writes them), and the printed speed-up is the one Spec-Bench's speed.py computes."""
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
+from transformers import AutoTokenizer
 
+from eagle.target import DEFAULT_MODEL, resolve_model_path
 from eagle.tools.bench import main
-from eagle.tools.specbench import mean_speed, read_answers
+from eagle.tools.specbench import answer_text, format_speedups, mean_speed, read_answers, special_texts, speedups
 from eagle.trace import read_trace
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 MODES = ("vanilla", "dynamic", "hf")
 
 
-def _spec_bench_speed(path):
-    """Spec-Bench's reading (evaluation/speed.py), written out: per question sum(new_tokens) /
-    sum(wall_time) of choices[0], averaged; accept_lengths pooled over questions."""
-    speeds, accepts = [], []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            choice = json.loads(line)["choices"][0]
-            speeds.append(sum(choice["new_tokens"]) / sum(choice["wall_time"]))
-            accepts.extend(choice["accept_lengths"])
-    return sum(speeds) / len(speeds), accepts
+def _spec_bench(path, base_path, tokenizer):
+    """Spec-Bench's speed.py, written out: a method's speed is the mean over questions of
+    sum(new_tokens) / sum(wall_time) of choices[0]; the baseline's the same mean with its tokens recounted
+    as len(tokenizer(turn).input_ids) - 1 per turn of its text; the speed-up is their ratio."""
+    def lines(p):
+        with open(p, encoding="utf-8") as f:
+            return [json.loads(line)["choices"][0] for line in f]
+    speed = sum(sum(c["new_tokens"]) / sum(c["wall_time"]) for c in lines(path)) / len(lines(path))
+    base = lines(base_path)
+    counts = [sum(len(tokenizer(t).input_ids) - 1 for t in c["turns"]) for c in base]
+    base_speed = sum(n / sum(c["wall_time"]) for n, c in zip(counts, base)) / len(base)
+    return speed, speed / base_speed, sum(counts)
+
+
+class WordTokenizer:
+    """Ids are words, plus a BOS in front when `bos` (the tokenizer speed.py's -1 assumes)."""
+    special_tokens_map = {"eos_token": "<end>", "pad_token": "<end>", "additional_special_tokens": ["<a>", "<b>"]}
+
+    def __init__(self, bos: bool) -> None:
+        self.bos = bos
+
+    def __call__(self, text: str) -> SimpleNamespace:
+        return SimpleNamespace(input_ids=[0] * self.bos + text.split())
+
+
+def _answer(qid: int, turns: list[str], new_tokens: list[int], wall_time: list[float]) -> str:
+    return json.dumps({"question_id": qid, "category": "writing", "choices": [
+        {"index": 0, "turns": turns, "new_tokens": new_tokens, "wall_time": wall_time, "accept_lengths": []}]})
+
+
+def test_replies_lose_every_special_token_text_and_surrounding_space():
+    specials = special_texts(WordTokenizer(bos=False))
+    assert specials == ("<end>", "<end>", "<a>", "<b>")
+    assert answer_text("  Hello <a>there.<end>\n", specials) == "Hello there."
+    assert special_texts(object()) == ()  # a tokenizer without a map: nothing to strip
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_the_speedup_is_speed_py_s_with_the_baseline_recounted(tmp_path, bos):
+    """Each word is a generated token: with a BOS the recount finds them all and vanilla is 1.0x itself;
+    without one, speed.py's -1 drops a token a turn and every speed-up it prints grows."""
+    tok = WordTokenizer(bos)
+    base, fast = tmp_path / "base.jsonl", tmp_path / "fast.jsonl"
+    base.write_text(_answer(1, ["a b c", "d e"], [3, 2], [2.0, 1.0]) + "\n" + _answer(2, ["f g"], [2], [1.0]) + "\n")
+    fast.write_text(_answer(1, ["a b c", "d e"], [3, 2], [1.0, 0.5]) + "\n" + _answer(2, ["f g"], [2], [0.5]) + "\n")
+    table, recount = speedups({"vanilla": base, "dynamic": fast}, tok)
+    speed, ratio, counted = _spec_bench(fast, base, tok)
+    assert table["dynamic"] == {"spec_bench_tokens_per_second": pytest.approx(speed),
+                                "spec_bench_speedup": pytest.approx(ratio)}
+    assert (recount.generated, recount.recounted) == (7, counted) and counted == (7 if bos else 4)
+    assert table["vanilla"]["spec_bench_speedup"] == pytest.approx(_spec_bench(base, base, tok)[1])
+    assert (table["vanilla"]["spec_bench_speedup"] == pytest.approx(1.0)) == bos
+    text = format_speedups(table, {}, recount)
+    assert f"{counted} tokens for the 7 generated" in text and "speed.py" in text
+    no_base, none = speedups({"dynamic": fast}, tok)
+    assert none is None and math.isnan(no_base["dynamic"]["spec_bench_speedup"])
 
 
 @pytest.mark.slow
@@ -53,10 +103,18 @@ def test_spec_bench_export(tmp_path, capsys):
     assert all(a["choices"][0]["accept_lengths"] == [] for a in answers["hf"])
     dyn = [n for a in answers["dynamic"] for n in a["choices"][0]["accept_lengths"]]
     assert dyn and all(1 <= n <= 5 for n in dyn)  # depth 3 expands 3 times: 4 draft levels + the bonus
-    # the printed Spec-Bench speed-up is Spec-Bench's own number
-    base, _ = _spec_bench_speed(files["smollm2-135m-instruct-vanilla-float32"])
-    speed, _ = _spec_bench_speed(files["smollm2-135m-instruct-dynamic-float32"])
+    # replies as Spec-Bench's eval.py writes them: no special token's text, no surrounding space
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    specials = special_texts(tokenizer)
+    assert "<|im_end|>" in specials
+    turns = [t for lines in answers.values() for a in lines for t in a["choices"][0]["turns"]]
+    assert turns and all(t == t.strip() and not any(x in t for x in specials) for t in turns)
+    # the printed Spec-Bench speed-up is speed.py's, the baseline's tokens recounted from its text
+    base_file = files["smollm2-135m-instruct-vanilla-float32"]
+    speed, ratio, counted = _spec_bench(files["smollm2-135m-instruct-dynamic-float32"], base_file, tokenizer)
     assert math.isclose(mean_speed(answers["dynamic"]), speed)
     printed = out[out.index("Spec-Bench answer files"):].splitlines()
     row = next(line.split() for line in printed if line.startswith("dynamic "))
-    assert float(row[1]) == pytest.approx(speed, abs=0.006) and float(row[2]) == pytest.approx(speed / base, abs=6e-4)
+    assert float(row[1]) == pytest.approx(speed, abs=0.006) and float(row[2]) == pytest.approx(ratio, abs=6e-4)
+    generated = sum(n for a in answers["vanilla"] for n in a["choices"][0]["new_tokens"])
+    assert f"{counted} tokens for the {generated} generated" in out[out.index("Spec-Bench answer files"):]

@@ -744,9 +744,11 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
         write_outputs(plan, results, summary, summary["configs"])
     print_report(summary)
     if args.export == "spec-bench":
-        files = export_spec_bench(plan.out)
+        tokenizer = bench.pairs[default_dtype].target.tokenizer  # speed.py recounts the baseline with it
+        files = export_spec_bench(plan.out, tokenizer)
         print(f"\nSpec-Bench answer files in {plan.out / 'spec-bench'} (per-question mean vs the bench's totals):")
-        print(format_speedups(speedups(files), summary["modes"]))
+        table, base = speedups(files, tokenizer)
+        print(format_speedups(table, summary["modes"], base))
     if args.json:
         print(json_line(summary))
     return _check_lossless(summary, plan.specs)

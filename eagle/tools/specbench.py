@@ -4,13 +4,21 @@ Spec-Bench (hemingkx/Spec-Bench) keeps one JSONL answer file per method; each li
 question_id, category, answer_id, model_id, tstamp and choices = [{index, turns (the reply text per turn),
 decoding_steps, new_tokens and wall_time (one entry per turn), accept_lengths (one per decoding round, all
 turns together)}]. Its evaluation/speed.py scores a method by the mean over questions of
-sum(new_tokens) / sum(wall_time), and the speed-up as that mean over the baseline's same mean; the bench
-table's tok/s (all tokens over all seconds) weights long answers more, so the two differ.
+sum(new_tokens) / sum(wall_time), and the speed-up as that mean over the baseline's (whose tokens it
+recounts, below); the bench table's tok/s (all tokens over all seconds) weights long answers more, so the
+two differ.
 
-Mapping from our traces: decoding_steps = target forwards after the prefill; accept_lengths = our
-accept_length per round (accepted drafts + the bonus token), empty for HF generate (no rounds to count);
-wall_time = the bench's wall seconds of the turn's generation. Spec-Bench recounts the baseline's tokens by
-re-tokenising its text; we use the recorded new_tokens for both.
+Mapping from our traces: turns = the reply text as Spec-Bench's evaluation/eval.py writes it (every
+special token's text removed, e.g. the closing <|im_end|>, then stripped); decoding_steps = target forwards
+after the prefill; accept_lengths = our accept_length per round (accepted drafts + the bonus token), empty
+for HF generate (no rounds to count); wall_time = the bench's wall seconds of the turn's generation.
+
+speed.py takes a method's tokens from new_tokens, but recounts the baseline's from its answer text as
+len(tokenizer(turn).input_ids) - 1 per turn, the -1 for a BOS token the tokenizer is assumed to add.
+The printed Spec-Bench speed-up follows it to the letter with the target's tokenizer, so it is the figure
+speed.py prints for these files, and the printout names the recount and how far it falls from the tokens
+generated (for SmolLM2 about two a turn: the <|im_end|> that eval.py strips, and the -1 for a BOS this
+tokenizer does not add).
 """
 from __future__ import annotations
 
@@ -18,7 +26,9 @@ import json
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 from ..stats import mean_rate, speedup
 from ..files import atomic_write
@@ -27,10 +37,26 @@ from ..trace import Trace, read_trace
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
 
 
-def _choice(turns: list[Trace]) -> dict:
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts eval.py removes from a reply: every value of the tokenizer's special_tokens_map (lists
+    flattened); none for a tokenizer without one."""
+    texts: list[str] = []
+    for value in getattr(tokenizer, "special_tokens_map", {}).values():
+        texts.extend(value if isinstance(value, list) else [value])
+    return tuple(t for t in texts if t)
+
+
+def answer_text(text: str, specials: Iterable[str]) -> str:
+    """A reply as eval.py stores it in `turns`: each special token's text removed, then stripped."""
+    for special in specials:
+        text = text.replace(special, "")
+    return text.strip()
+
+
+def _choice(turns: list[Trace], specials: tuple[str, ...]) -> dict:
     """One Spec-Bench choice from a question's turn traces, in turn order."""
     return {"index": 0,
-            "turns": ["".join(s.new_text for s in t.steps) for t in turns],
+            "turns": [answer_text("".join(s.new_text for s in t.steps), specials) for t in turns],
             "decoding_steps": [max(0, sum(s.target_forwards for s in t.steps) - 1) for t in turns],
             "new_tokens": [int(t.header.meta["new_tokens"]) for t in turns],
             "wall_time": [float(t.header.meta["seconds"]) for t in turns],
@@ -45,8 +71,10 @@ def _complete_turns(traces: list[Trace]) -> list[Trace] | None:
     return None if any(t is None for t in turns) else turns
 
 
-def answer_records(traces: list[Trace], model_id: str, tstamp: float | None = None) -> list[dict]:
-    """Spec-Bench answer lines for one method's traces (one line per question with all its turns)."""
+def answer_records(traces: list[Trace], model_id: str, specials: tuple[str, ...] = (),
+                   tstamp: float | None = None) -> list[dict]:
+    """Spec-Bench answer lines for one method's traces (one line per question with all its turns);
+    `specials`: the special token texts stripped from the replies (special_texts)."""
     per_question: dict[object, list[Trace]] = defaultdict(list)
     for t in traces:
         per_question[t.header.meta["question_id"]].append(t)
@@ -57,7 +85,7 @@ def answer_records(traces: list[Trace], model_id: str, tstamp: float | None = No
             continue
         records.append({"question_id": qid, "category": turns[0].header.meta["category"],
                         "answer_id": f"{model_id}-{qid}", "model_id": model_id,
-                        "choices": [_choice(turns)], "tstamp": time.time() if tstamp is None else tstamp})
+                        "choices": [_choice(turns, specials)], "tstamp": time.time() if tstamp is None else tstamp})
     return records
 
 
@@ -69,16 +97,16 @@ def method_id(trace_file: Path, traces: list[Trace]) -> str:
     return f"{traces[0].header.model}-{method}"
 
 
-def export_spec_bench(bench_out: Path) -> dict[str, Path]:
+def export_spec_bench(bench_out: Path, tokenizer: Any) -> dict[str, Path]:
     """Write <bench_out>/spec-bench/<model_id>.jsonl for every mode's trace file; returns mode -> file."""
-    written = {}
+    written, specials = {}, special_texts(tokenizer)
     for trace_file in sorted((bench_out / "traces").glob("*.jsonl")):
         traces = [t for t in read_trace(trace_file)[0] if "mode_label" in t.header.meta and t.steps
                   and t.steps[-1].finished]
         if not traces:
             continue
         model_id = method_id(trace_file, traces)
-        lines = [json.dumps(r, ensure_ascii=False) for r in answer_records(traces, model_id)]
+        lines = [json.dumps(r, ensure_ascii=False) for r in answer_records(traces, model_id, specials)]
         path = bench_out / SPEC_BENCH_DIR / f"{model_id}.jsonl"
         atomic_write(path, "\n".join(lines) + "\n" if lines else "")
         written[traces[0].header.meta["mode_label"]] = path
@@ -91,25 +119,55 @@ def read_answers(path: Path) -> list[dict]:
 
 
 def mean_speed(answers: list[dict]) -> float:
-    """Spec-Bench's score: the mean over questions of the question's tokens over its wall time
-    (eagle.stats.mean_rate)."""
-    return mean_rate((sum(a["choices"][0]["new_tokens"]), sum(a["choices"][0]["wall_time"]))
-                           for a in answers)
+    """Spec-Bench's score of a method: the mean over questions of the question's tokens (new_tokens) over
+    its wall time (eagle.stats.mean_rate)."""
+    return mean_rate((sum(a["choices"][0]["new_tokens"]), sum(a["choices"][0]["wall_time"])) for a in answers)
 
 
-def speedups(files: dict[str, Path], baseline: str = "vanilla") -> dict[str, dict]:
-    """Per mode: Spec-Bench's mean tokens/s and its speed-up over `baseline` (nan without one)."""
-    speeds = {mode: mean_speed(read_answers(path)) for mode, path in files.items()}
-    base = speeds.get(baseline, math.nan)
-    return {mode: {"spec_bench_tokens_per_second": s, "spec_bench_speedup": speedup(s, base)}
-            for mode, s in speeds.items()}
+def recounted_tokens(answer: dict, tokenizer: Any) -> int:
+    """speed.py's token count of a baseline answer: len(tokenizer(turn).input_ids) - 1 over its turns."""
+    return sum(len(tokenizer(turn).input_ids) - 1 for turn in answer["choices"][0]["turns"])
 
 
-def format_speedups(table: dict[str, dict], ours: dict[str, dict]) -> str:
-    """Spec-Bench's per-question means beside the bench's own totals, one line per mode."""
+@dataclass(frozen=True)
+class BaselineRecount:
+    """The baseline as speed.py measures it, beside the tokens it generated."""
+    mode: str
+    generated: int  # sum of new_tokens over its answers
+    recounted: int  # speed.py's recount of the same answers' text
+    tokens_per_second: float  # speed.py's baseline speed: the per-question mean over recounted tokens
+
+
+def recount_baseline(mode: str, answers: list[dict], tokenizer: Any) -> BaselineRecount:
+    counts = [recounted_tokens(a, tokenizer) for a in answers]
+    speed = mean_rate((n, sum(a["choices"][0]["wall_time"])) for n, a in zip(counts, answers))
+    return BaselineRecount(mode, sum(sum(a["choices"][0]["new_tokens"]) for a in answers), sum(counts), speed)
+
+
+def speedups(files: dict[str, Path], tokenizer: Any,
+             baseline: str = "vanilla") -> tuple[dict[str, dict], BaselineRecount | None]:
+    """Per mode: Spec-Bench's mean tokens/s and speed.py's speed-up over `baseline` (its tokens recounted
+    with `tokenizer`; nan without a baseline), and the baseline's recount (None without one)."""
+    answers = {mode: read_answers(path) for mode, path in files.items()}
+    base = recount_baseline(baseline, answers[baseline], tokenizer) if baseline in answers else None
+    base_speed = base.tokens_per_second if base else math.nan
+    speeds = {mode: mean_speed(a) for mode, a in answers.items()}
+    table = {mode: {"spec_bench_tokens_per_second": v, "spec_bench_speedup": speedup(v, base_speed)}
+             for mode, v in speeds.items()}
+    return table, base
+
+
+def format_speedups(table: dict[str, dict], ours: dict[str, dict], base: BaselineRecount | None) -> str:
+    """Spec-Bench's per-question means beside the bench's own totals, one line per mode, then what
+    speed.py's speed-up divides by."""
     lines = [f"{'mode':<28} {'Spec-Bench tok/s':>16} {'Spec-Bench x':>12} {'bench tok/s':>11} {'bench x':>8}"]
     for mode, s in table.items():
         o = ours.get(mode, {})
         lines.append(f"{mode:<28} {s['spec_bench_tokens_per_second']:>16.2f} {s['spec_bench_speedup']:>12.3f} "
                      f"{o.get('tokens_per_second', math.nan):>11.2f} {o.get('speedup', math.nan):>8.3f}")
+    if base is not None:
+        lines += [f"Spec-Bench x is evaluation/speed.py's figure: over {base.mode} at {base.tokens_per_second:.2f} "
+                  "tok/s, whose tokens it recounts from the answer text",
+                  f"as len(tokenizer(turn).input_ids) - 1 per turn: {base.recounted} tokens for the {base.generated} "
+                  "generated."]
     return "\n".join(lines)
