@@ -27,10 +27,16 @@ from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_ba
 def _init_head(target: Target, seed: int, kind: str = "eagle1", draft_ids: torch.Tensor | None = None) -> AnyHead:
     """A new fp32 head (fp32 master weights also under bf16 autocast). Its frozen embedding is the
     target's own when the target is fp32, else an fp32 copy (casting must not touch the target)."""
-    head = new_head(target, seed, kind, draft_ids)
-    if target.dtype != torch.float32:
+    return _fp32(new_head(target, seed, kind, draft_ids), target).train()
+
+
+def _fp32(head: AnyHead, target: Target) -> AnyHead:
+    """The head in fp32, as it trains and is evaluated; an embedding shared with a non-fp32 target is
+    replaced by an fp32 copy (casting must not touch the target)."""
+    shared = head.embed_tokens is target.model.model.embed_tokens
+    if shared and target.dtype != torch.float32:
         head.embed_tokens = torch.nn.Embedding.from_pretrained(target.model.model.embed_tokens.weight.float())
-    return head.float().train()
+    return head.float()
 
 
 def _trainable_state(head: AnyHead) -> dict[str, torch.Tensor]:
@@ -255,7 +261,7 @@ def evaluate_head(target: Target, head_dir: str | Path, features_dir: str | Path
     on one held-out set. samples > 0 uses only the first N held-out samples."""
     features_dir = Path(features_dir)
     manifest = check_features(features_dir)
-    head = load_head(head_dir, target)
+    head = _fp32(load_head(head_dir, target), target).eval()  # as train's own held-out evaluation runs it
     _check_features_for(head.kind, manifest, features_dir)
     heldout = _split(features_dir, "heldout", head.kind)
     if not heldout:
