@@ -24,7 +24,7 @@ from .questions import load_questions
 from .target import DEFAULT_MODEL, device_name, dtype_name
 from .tools.bench import main as bench_main
 from .layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget import auto_config, tuned_config, vanilla_name
+from .tools.budget import BUDGET_KEYS, auto_config, vanilla_name
 from .tools.headexport import export_head
 from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
@@ -109,7 +109,7 @@ def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, s
 def _budget_line(budget: str, report: dict) -> str:
     chosen = report.get("context_choice") or {**report["chosen"], "speedup": report["expected_speedup"]}
     where = f" for a {report['context']}-token context" if "context" in report else ""
-    shape = {k: v for k, v in chosen.items() if k != "speedup"}
+    shape = {k: chosen[k] for k in BUDGET_KEYS}
     return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {vanilla_name(report)}; "
             "--budget fixed for the flags' values)")
 
@@ -150,9 +150,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     target, head, source = load_pair(model_spec(args, need_head=True))
     questions, _ = load_questions("mt_bench")
     prompts = [encode_prompt(target.tokenizer, q.turns[0], target.max_context) for q in questions[:args.prompts]]
-    costs, budget = None, budget_mode(args, cfg.mode, target.device.type)
-    if cfg.mode == "dynamic" and budget != "fixed":
-        cfg, costs, report = tuned_config(target, head, cfg, budget)
+    budget = budget_mode(args, cfg.mode, target.device.type)
+    cfg, costs, report = Session(target, head, source).tune(cfg, budget)  # no header: no head hash needed
+    if report is not None:
         print(_budget_line(budget, report), file=sys.stderr)
     profiles = [profile_rounds(target, head, cfg, prompts, model_label(target), costs)]
     if not args.no_tiny:

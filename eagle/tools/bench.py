@@ -565,8 +565,9 @@ def summary_markdown(summary: dict) -> str:
     parts = [f"questions {summary['questions']}, generations {summary['generations']}, greedy "
              f"{summary['greedy']}, threads {summary['threads']}, head {summary['head']}",
              "", modes_markdown(summary["modes"]), "", baselines_line(summary["baselines"], summary["modes"])]
-    if predictions_line(summary["modes"]):
-        parts += ["", predictions_line(summary["modes"])]
+    predicted = predictions_line(summary["modes"])
+    if predicted:
+        parts += ["", predicted]
     for cat, by_mode in summary["categories"].items():
         parts += ["", f"**{cat}**", "", modes_markdown(by_mode)]
     if summary["mismatches"] is not None:
@@ -579,8 +580,9 @@ def summary_markdown(summary: dict) -> str:
 def print_report(summary: dict) -> None:
     print(format_table(summary["modes"]))
     print(baselines_line(summary["baselines"], summary["modes"]))
-    if predictions_line(summary["modes"]):
-        print(predictions_line(summary["modes"]))
+    predicted = predictions_line(summary["modes"])
+    if predicted:
+        print(predicted)
     for cat, by_mode in summary["categories"].items():
         print(f"\n[{cat}]")
         print(format_table(by_mode))
@@ -592,7 +594,8 @@ def print_report(summary: dict) -> None:
 
 
 def json_line(summary: dict) -> str:
-    keys = ("dtype", "tau", "speedup", "tokens_per_second", "predicted_tokens_per_second", "speedup_vs_hf", "speedup_vs_pld", "speedup_same_dtype",
+    keys = ("dtype", "tau", "speedup", "tokens_per_second", "predicted_tokens_per_second", "speedup_vs_hf",
+            "speedup_vs_pld", "speedup_same_dtype",
             "mean_accept_length", "tokens", "seconds", "generations")
     mism = summary["mismatches"] or {}
     modes = {m: {**{k: s[k] for k in keys}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}

@@ -234,8 +234,8 @@ def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_k
                   vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
                   refresh: bool = False, contexts: tuple[int, ...] = CONTEXTS) -> Costs:
     """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
-    Keyed by model name, torch threads, device name and dtype (not the head: every head for a
-    target has the same shape, so the same cost)."""
+    Keyed by model name, torch threads, device name, dtype and head shape (cost_key: every EAGLE-1/2
+    head of a target drafts at the same cost, an EAGLE-3 head at its own vocabulary's)."""
     key = cost_key(target, head)
     cached = None if refresh else load_costs(key)
     fitting = _fitting_contexts(target, contexts, max(ns))
@@ -492,7 +492,8 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     if report is None:
         report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
         atomic_write_json(path, report, indent=1)
-    report = {**report, "auto_file": str(path), **against_fastest(report, fastest_vanilla(target, report["t_verify"]["1"]))}
+    fastest = fastest_vanilla(target, report["t_verify"]["1"])
+    report = {**report, "auto_file": str(path), **against_fastest(report, fastest)}
     return base_cfg.with_(**report["chosen"]), report
 
 
@@ -547,7 +548,8 @@ def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: 
     if budget == "auto":
         if context is not None and "costs" in report:
             row = choice_at_context(report, context)
-            choice = {**{k: row[k] for k in BUDGET_KEYS}, "speedup": row["speedup"] * report["same_dtype_factor"]}
+            choice = {**{k: row[k] for k in BUDGET_KEYS}, "speedup": row["speedup"] * report["same_dtype_factor"],
+                      "speedup_same_dtype": row["speedup"]}
             report = {**report, "context": context, "context_choice": choice}
             cfg = cfg.with_(**{k: row[k] for k in BUDGET_KEYS})
         return cfg, None, report

@@ -44,9 +44,11 @@ class Session:
     def of(cls, target: Target, head: AnyHead | None, head_source: str | None) -> "Session":
         return cls(target, head, head_source, head_identity(head))
 
-    def tune(self, cfg: DecodeConfig, budget: str, context: int) -> tuple[DecodeConfig, RoundCosts | None, dict | None]:
+    def tune(self, cfg: DecodeConfig, budget: str,
+             context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict | None]:
         """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
-        take the machine-tuned tree for a generation whose mean context is `context` tokens."""
+        take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
+        auto's own choice, at its probe's prefix length)."""
         check_budget(budget, cfg.mode)
         if budget == "fixed":
             return cfg, None, None
@@ -59,7 +61,7 @@ class Session:
         if report is None or "expected_speedup_same_dtype" not in report:
             return cfg, None
         choice = report.get("context_choice")
-        expected = choice["speedup"] / report["same_dtype_factor"] if choice else report["expected_speedup_same_dtype"]
+        expected = choice["speedup_same_dtype"] if choice else report["expected_speedup_same_dtype"]
         if expected >= 1.0:
             return cfg, None
         return cfg.with_(mode="vanilla"), (f"the auto budget expects no tree to pay here (its best, "
