@@ -138,8 +138,10 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
              for n in (2, 4, 8)]
-    report = dict(chosen=chosen, curve=curve, t_verify={"1": 0.04, "2": 0.045, "4": 0.05, "8": 0.07},
-                  alpha=1.0, expected_speedup=1.1, expected_tokens_per_s=3.0)
+    t_verify = {1: 0.04, 2: 0.045, 4: 0.05, 8: 0.07}
+    costs = budget.Costs("k", t_verify, {"3/0": (0.01, 0.005)}, 0.002, prefill={32: 0.1, 192: 0.3}, host_tree=0.001)
+    report = dict(chosen=chosen, curve=curve, t_verify={str(n): t for n, t in t_verify.items()}, costs=costs.to_json(),
+                  alpha=1.0, expected_speedup=1.1, expected_tokens_per_s=3.0, expected_accept_length=1.5)
     monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
@@ -148,11 +150,17 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     summary = json.loads(printed.strip().splitlines()[-1])
     assert summary["mismatches"] == {"dynamic:auto": 0, "dynamic:adaptive": 0}
-    # the cost model's prediction is printed beside what the run measured
-    assert summary["modes"]["dynamic:auto"]["predicted_tokens_per_second"] == 3.0
+    # the cost model's prediction for these generations (prefill + rounds of E[accept] tokens) is
+    # printed beside what the run measured, with the two parts it predicts
+    header = read_trace(tmp_path / "traces" / "dynamic-auto.jsonl")[0][0].header
+    new = summary["modes"]["dynamic:auto"]["tokens"]
+    rounds_s = (new - 1) / 1.5 * costs.round_cost(4, 2, 3, 0, header.prompt_tokens + new // 2)
+    expected = new / (costs.t_prefill(header.prompt_tokens) + rounds_s)
+    assert summary["modes"]["dynamic:auto"]["predicted_tokens_per_second"] == pytest.approx(expected, rel=1e-5)
+    assert summary["modes"]["dynamic:auto"]["predicted_round_ms"] == pytest.approx(1000 * costs.round_cost(4, 2, 3, 0))
     assert summary["modes"]["vanilla"]["predicted_tokens_per_second"] is None
-    assert "auto's cost model: dynamic:auto: predicted 3.00 tok/s, measured" in printed
-    auto = read_trace(tmp_path / "traces" / "dynamic-auto.jsonl")[0][0].header.config
+    assert f"auto's cost model: dynamic:auto: predicted {expected:.2f} tok/s (accept 1.50, " in printed
+    auto = header.config
     adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
     assert {k: auto[k] for k in chosen} == chosen
     assert adaptive["total_tokens"] == 8 and len(adaptive["adaptive_costs"]["verify"]) == 8

@@ -66,7 +66,13 @@ def test_verify_cost_interpolates():
     assert costs.t_verify(2) == pytest.approx(2.0) and costs.t_verify(6) == pytest.approx(5.0)
     assert costs.t_verify(10) == pytest.approx(7.0)  # extrapolated from the last segment
     assert costs.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25)
-    assert costs.round_cost(1, 2, 1) == pytest.approx(1.25)  # no draft for a one-node tree
+    assert costs.round_cost(1, 2, 1) == pytest.approx(1.0)  # plain decoding: no draft, no draft overhead
+    hosted = Costs("k", {1: 1.0, 4: 4.0}, {"1/0": (1.0, 0.5)}, 0.25, prefill={32: 0.5, 192: 2.1},
+                   host_tree=0.125, host_plain=0.0625)
+    assert hosted.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25 + 0.125)
+    assert hosted.round_cost(1, 2, 1) == hosted.t_plain() == pytest.approx(1.0625)
+    assert hosted.t_prefill(112) == pytest.approx(1.3) and costs.t_prefill(112) == 0.0  # none measured: none added
+    assert Costs.from_json(hosted.to_json()) == hosted
     longer = Costs("k", {1: 1.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, 0.25,
                    verify_by_context={192: {1: 1.0, 8: 6.0}, 1024: {1: 2.0, 8: 10.0}})
     assert longer.t_verify(8) == longer.t_verify(8, 192) == pytest.approx(6.0)
@@ -130,7 +136,19 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
     # vanilla: the fastest precision this CPU runs (never slower than the target's own), named
-    assert report["vanilla_same_dtype_tokens_per_s"] == pytest.approx(1 / report["t_verify"]["1"])
+    # plain decoding costs the one-token verify plus what a real plain round spends beyond it (measured)
+    assert report["t_plain"] == pytest.approx(report["t_verify"]["1"] + report["host_ms"]["plain"] / 1000)
+    assert report["vanilla_same_dtype_tokens_per_s"] == pytest.approx(1 / report["t_plain"])
+    costs = budget.Costs.from_json(report["costs"])
+    assert sorted(costs.prefill) == sorted({min(p, budget.PREFIX_LEN) for p in budget.PREFILL_LENS})
+    assert min(costs.prefill.values()) > 0
+    assert costs.host_tree == pytest.approx(report["host_ms"]["tree"] / 1000)
+    c = report["chosen"]
+    assert report["top"][0]["round_s"] == pytest.approx(costs.round_cost(c["total_tokens"], c["depth"], c["top_k"],
+                                                                         c["draft_vocab"]))
+    # a generation's expected time: its prompt's prefill, then rounds of E[accept] tokens each
+    assert budget.expected_seconds(report, 40, 1) == pytest.approx(costs.t_prefill(40))
+    assert budget.expected_seconds(report, 40, 65) > budget.expected_seconds(report, 40, 33) > costs.t_prefill(40)
     assert report["vanilla_tokens_per_s"] >= report["vanilla_same_dtype_tokens_per_s"]
     assert report["vanilla_dtype"] in ("float32", "bfloat16") and "fastest here" in budget.vanilla_name(report)
     assert report["expected_speedup"] == pytest.approx(report["expected_speedup_same_dtype"] *

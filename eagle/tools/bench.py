@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .budget import tuned_config, vanilla_name
+from .budget import Costs, expected_seconds, tuned_config, vanilla_name
 from .session import Session
 from .specbench import export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
@@ -122,6 +122,7 @@ class Result:
     forwards: int
     steps: list[StepRecord] = field(repr=False)
     messages: list[dict] = field(default_factory=list, repr=False)  # the chat the prompt was built from
+    prompt_tokens: int = 0  # the encoded prompt's length (what the cost model's prefill depends on)
 
 
 class HFRunner:
@@ -168,10 +169,10 @@ class Bench:
     """The models (one pair per dtype), one runner per mode, and the trace header each generation gets."""
 
     def __init__(self, pairs: dict[str, Pair], default_dtype: str, configs: dict[str, DecodeConfig],
-                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, float] | None = None) -> None:
+                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, dict] | None = None) -> None:
         self.pairs, self.default_dtype, self.specs = pairs, default_dtype, specs
         self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
-        self.predicted = predicted or {}  # label -> the auto budget's expected tokens/s (tuned modes)
+        self.predicted = predicted or {}  # label -> the auto report its budget came from (tuned modes)
         self._sessions: dict[str, Session] = {}
         self.hf = {s.label: HFRunner(self.pair(s).target, configs[s.label], s.kind) for s in specs
                    if s.kind in HF_MODES}
@@ -254,7 +255,8 @@ def _result_of(trace: Trace) -> Result:
     tokens = [t for s in trace.steps for t in s.new_tokens]
     messages = m.get("messages") or [{"role": "user", "content": trace.header.prompt}]
     return Result(m["question_id"], m["category"], int(m["turn"]), m["mode_label"], tokens,
-                  float(m["seconds"]), sum(s.target_forwards for s in trace.steps), trace.steps, messages)
+                  float(m["seconds"]), sum(s.target_forwards for s in trace.steps), trace.steps, messages,
+                  int(trace.header.prompt_tokens or 0))
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ def _run_one(bench: Bench, plan: Plan, spec: ModeSpec, q: Question, turn: int,
     header = bench.header(spec, q, turn, messages, len(ids), seconds, len(tokens))
     append_trace(plan.trace_path(spec), Trace(header, steps))
     done[(q.question_id, turn, spec.label)] = Result(q.question_id, q.category, turn, spec.label, tokens,
-                                                     seconds, forwards, steps, messages)
+                                                     seconds, forwards, steps, messages, len(ids))
 
 
 def warm_up(bench: Bench, plan: Plan) -> None:
@@ -385,16 +387,29 @@ def _rounds(results: list[Result]) -> list[int]:
     return [s.accept_length for r in results for s in r.steps if s.step > 0]
 
 
-def mode_stats(results: list[Result]) -> dict:
+def mode_stats(results: list[Result], report: dict | None = None) -> dict:
     """Totals over generations, by eagle.stats: tokens/s is total tokens over total wall time (not a
     mean of ratios); tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per
-    token, PLD fewer)."""
+    token, PLD fewer). With the auto `report` a tuned mode's budget came from, also what its cost
+    model predicted for these same generations (prompt lengths and token counts), and the measured
+    parts it predicts: the accept length and the time of a drafted round."""
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
     forwards = sum(r.forwards for r in results)
-    return {"generations": len(results), "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": tokens_per_second(tokens, seconds), "tau": tau(tokens, forwards),
-            "mean_accept_length": mean(_rounds(results))}
+    stats = {"generations": len(results), "tokens": tokens, "seconds": seconds,
+             "tokens_per_second": tokens_per_second(tokens, seconds), "tau": tau(tokens, forwards),
+             "mean_accept_length": mean(_rounds(results))}
+    return {**stats, **_prediction(results, report)} if report and results else stats
+
+
+def _prediction(results: list[Result], report: dict) -> dict:
+    rounds = [s for r in results for s in r.steps if s.step > 0]
+    predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens)) for r in results)
+    c = report["chosen"]
+    round_s = Costs.from_json(report["costs"]).round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"])
+    return {"predicted_tokens_per_second": tokens_per_second(sum(len(r.tokens) for r in results), predicted_s),
+            "predicted_accept_length": report["expected_accept_length"], "predicted_round_ms": 1000 * round_s,
+            "round_ms": 1000 * mean([sum(s.timings.values()) for s in rounds])}
 
 
 def _reference(by_mode: dict[str, dict], bench: Bench, kind: str, dtype: str) -> str | None:
@@ -427,14 +442,18 @@ def _with_speedups(by_mode: dict[str, dict], bench: Bench,
         for key, kind in SPEEDUP_KEYS.items():
             s[key] = ratio(s, baselines[kind])
         s["speedup_same_dtype"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
-        s["predicted_tokens_per_second"] = bench.predicted.get(spec.label, math.nan)
+        s.setdefault("predicted_tokens_per_second", math.nan)
     return by_mode
 
 
 def predictions_line(by_mode: dict[str, dict]) -> str | None:
-    """The auto budget's cost model against this run: predicted beside measured tokens/s per tuned mode."""
-    rows = [f"{m}: predicted {s['predicted_tokens_per_second']:.2f} tok/s, measured {s['tokens_per_second']:.2f} "
-            f"({100 * (s['tokens_per_second'] / s['predicted_tokens_per_second'] - 1):+.1f} %)"
+    """The auto budget's cost model against this run: predicted beside measured tokens/s per tuned mode,
+    and the two parts it predicts (accept length per round, ms per drafted round at the reference
+    context), so a miss says which part missed."""
+    rows = [f"{m}: predicted {s['predicted_tokens_per_second']:.2f} tok/s (accept {s['predicted_accept_length']:.2f}, "
+            f"{s['predicted_round_ms']:.1f} ms/round), measured {s['tokens_per_second']:.2f} (accept "
+            f"{s['mean_accept_length']:.2f}, {s['round_ms']:.1f} ms/round): "
+            f"{100 * (s['tokens_per_second'] / s['predicted_tokens_per_second'] - 1):+.1f} %"
             for m, s in by_mode.items() if not math.isnan(s.get("predicted_tokens_per_second", math.nan))
             and s.get("generations")]
     return "auto's cost model: " + "; ".join(rows) if rows else None
@@ -485,10 +504,11 @@ def mismatches(results: list[Result], bench: Bench, found: list[dict]) -> dict[s
 
 def summarize(results: list[Result], bench: Bench, greedy: bool) -> dict:
     labels = [s.label for s in bench.specs]
-    by_mode = {m: mode_stats([r for r in results if r.mode == m]) for m in labels}
+    by_mode = {m: mode_stats([r for r in results if r.mode == m], bench.predicted.get(m)) for m in labels}
     baselines = {kind: fastest(by_mode, bench, kind) for kind in SPEEDUP_KEYS.values()}
     cats = sorted({r.category for r in results})
-    by_cat = {c: _with_speedups({m: mode_stats([r for r in results if r.mode == m and r.category == c])
+    by_cat = {c: _with_speedups({m: mode_stats([r for r in results if r.mode == m and r.category == c],
+                                               bench.predicted.get(m))
                                  for m in labels}, bench, baselines) for c in cats}
     found = divergences(results, bench) if greedy else []
     return {"modes": _with_speedups(by_mode, bench, baselines), "baselines": baselines, "categories": by_cat,
@@ -598,7 +618,8 @@ def json_line(summary: dict) -> str:
             "speedup_vs_pld", "speedup_same_dtype",
             "mean_accept_length", "tokens", "seconds", "generations")
     mism = summary["mismatches"] or {}
-    modes = {m: {**{k: s[k] for k in keys}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
+    predicted = ("predicted_accept_length", "predicted_round_ms", "round_ms")  # tuned modes only
+    modes = {m: {**{k: s[k] for k in keys}, **{k: s[k] for k in predicted if k in s}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
              for m, s in summary["modes"].items()}
     extra = {k: summary.get(k) for k in ("questions", "generations", "turns", "greedy", "mismatches", "divergences",
                                          "skipped_records", "resumed", "out", "head", "threads", "budget", "dtype", "baselines")}
@@ -635,11 +656,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
-                  default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, float]]:
+                  default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, dict]]:
     """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
     (or None) and the adaptive modes' round costs. dynamic:auto, and with --budget auto every dynamic
     mode without an explicit budget, take the auto budget; dynamic:adaptive its shape with a per-round
-    size; and each tuned mode's predicted tokens/s (the auto report's, at the mode's dtype)."""
+    size; and per tuned mode the auto report its budget came from (at the mode's dtype: the summary
+    sets what it predicts beside what the mode measured)."""
     configs, costs, report, predicted = {}, {}, None, {}
     for spec in specs:
         pair = bench_pairs[spec.dtype or default_dtype]
@@ -651,7 +673,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
                 costs[spec.label] = round_costs
-            predicted[spec.label] = report["expected_tokens_per_s"]
+            predicted[spec.label] = report
             print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
                   f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None

@@ -2,12 +2,16 @@
 would accept from recorded draft trees, and pick the budget with the most expected tokens per second.
 
     expected tokens/s (n, depth, top_k, vocab) = E[accept length] / (t_verify(n) + t_draft(depth, top_k, vocab)
-                                                                       + per-round overhead)
+                                                                       + per-round overhead + host)
 
 Costs are measured with the decoder's own functions (target forward + softmax for verification;
 eagle.decode.draft_round, a round's draft + rerank + tree building + trace bookkeeping, for drafting)
 and cached per model, torch thread count and device under $EAGLE_CACHE (default
-~/.cache/eagle2-explorer/costs/).
+~/.cache/eagle2-explorer/costs/). The probes run their parts in tight loops, with warm caches; a real
+round interleaves them with the target's forward, which evicts the draft head's weights, and adds the
+acceptance and record keeping. That difference, `host`, is measured once per report by decoding a
+calibration prompt with the chosen tree and with plain decoding (see host_terms). A generation's time
+adds the prefill of its prompt (measured at two lengths, linear between): expected_seconds.
 
 E[accept length] comes from a *replay*: a calibration run drafts a large tree (depth CAL_DEPTH,
 top_k CAL_TOP_K, CAL_TOTAL verified nodes) and records every candidate's value and whether it was
@@ -24,7 +28,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -56,8 +60,10 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 # Verify is also timed over these prefixes: a 700-900-token summarisation prompt makes every tree token
 # dearer than MT-bench's ~200, and a budget tuned at 192 alone ran at 0.82x vanilla there.
 CONTEXTS = (PREFIX_LEN, 768, 2048)
-COSTS_VERSION = 2
-AUTO_REPORT_VERSION = 4  # bump when the report or the searched grid changes: cached reports are then recomputed
+PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
+HOST_TOKENS = 32  # tokens decoded (twice: the first run warms up) to measure the host terms
+COSTS_VERSION = 3
+AUTO_REPORT_VERSION = 5  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -70,6 +76,9 @@ class Costs:
     meta: dict = field(default_factory=dict)
     # context length -> {n -> seconds}: verify over longer prefixes (attention grows with the context)
     verify_by_context: dict[int, dict[int, float]] = field(default_factory=dict)
+    prefill: dict[int, float] = field(default_factory=dict)  # prompt tokens -> s (target forward + draft consume)
+    host_tree: float = 0.0  # s per drafted round that a real decode spends beyond the probes (host_terms)
+    host_plain: float = 0.0  # the same per plain-decoding round
 
     def t_verify(self, n: int, context: int | None = None) -> float:
         """Piecewise-linear in n (and in the context length, when measured at several)."""
@@ -83,20 +92,29 @@ class Costs:
 
     def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0, context: int | None = None) -> float:
         """Seconds per round; a 1-node tree is plain decoding (no draft)."""
-        draft = self.t_draft(depth, top_k, vocab) if n > 1 else 0.0
-        return self.t_verify(n, context) + draft + self.overhead
+        if n == 1:
+            return self.t_plain(context)
+        return self.t_verify(n, context) + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+
+    def t_plain(self, context: int | None = None) -> float:
+        """Seconds per token of plain decoding."""
+        return self.t_verify(1, context) + self.host_plain
+
+    def t_prefill(self, prompt_tokens: int) -> float:
+        return interpolate(self.prefill, prompt_tokens) if self.prefill else 0.0
 
     def to_json(self) -> dict:
         by_context = {str(c): {str(n): t for n, t in v.items()} for c, v in self.verify_by_context.items()}
         return {"version": COSTS_VERSION, **asdict(self), "verify": {str(k): v for k, v in self.verify.items()},
-                "verify_by_context": by_context}
+                "verify_by_context": by_context, "prefill": {str(k): v for k, v in self.prefill.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Costs":
         by_context = {int(c): {int(n): float(t) for n, t in v.items()} for c, v in d.get("verify_by_context", {}).items()}
         return cls(d["key"], {int(k): float(v) for k, v in d["verify"].items()},
                    {k: (float(v[0]), float(v[1])) for k, v in d["draft"].items()}, float(d["overhead"]),
-                   d.get("meta", {}), by_context)
+                   d.get("meta", {}), by_context, {int(k): float(v) for k, v in d.get("prefill", {}).items()},
+                   float(d.get("host_tree", 0.0)), float(d.get("host_plain", 0.0)))
 
     def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...],
                contexts: tuple[int, ...] = ()) -> bool:
@@ -169,6 +187,19 @@ class _Probe:
                 draft_round(drafter, root_hidden, int(self.ids[0]), depth, top_k, 16, self.texts)
         return run
 
+    def prefill(self, p: int) -> Callable[[], None]:
+        """A prompt of p tokens from empty caches: the target's forward and the draft head's consume."""
+        ids, cache = self.ids[:p], self.target.new_cache(p + 1)
+        positions = torch.arange(p, device=ids.device)[None]
+        drafter = new_drafter(self.target, self.head, p + 1)
+
+        def run() -> None:
+            cache.length = drafter.cache.length = 0
+            _, features = self.target.forward(ids[None], positions, cache, 0, logits_rows=slice(-1, None),
+                                              feature_layers=self.head.feature_layers)
+            drafter.consume(ids[1:], features[0, :-1])
+        return run
+
     def overhead(self) -> Callable[[], None]:
         drafter, _ = self.drafter(1, 0, 1)
         start = drafter.cache.length
@@ -199,6 +230,8 @@ def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[i
             jobs[f"d{k}/{v}@1"] = probe.draft(k, v, 1)
             jobs[f"d{k}/{v}@{DEPTH_PROBE}"] = probe.draft(k, v, DEPTH_PROBE)
     jobs["overhead"] = probe.overhead()
+    prefill_lens = sorted({min(p, prefix_len) for p in PREFILL_LENS})
+    jobs.update({f"p{p}": probe.prefill(p) for p in prefill_lens})
     with torch.inference_mode():
         t = time_interleaved(jobs, repeats, "measure costs")
     draft = {}
@@ -210,7 +243,8 @@ def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[i
     verify = {n: t[f"v{n}"] for n in ns}
     by_context = {prefix_len: verify, **{c: {n: t[f"v{n}@{c}"] for n in ns} for c in longer}} if longer else {}
     meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context)
+    return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context,
+                 {p: t[f"p{p}"] for p in prefill_lens})
 
 
 STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
@@ -380,7 +414,7 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     ns = ns or getattr(model, "ns", NS)
     depths = depths or getattr(model, "depths", DEPTHS)
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
-    vanilla = tokens_per_second(1, costs.t_verify(1, context))  # plain decoding: a token per forward
+    vanilla = tokens_per_second(1, costs.t_plain(context))  # plain decoding: a token per forward
     rows = []
     for n in (x for x in ns if x > 1):
         for depth in depths:
@@ -418,6 +452,43 @@ def calibrate(target: Target, head: AnyHead, prompts: list[str], max_new_tokens:
     return samples
 
 
+def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt_ids: list[int],
+               max_new_tokens: int = HOST_TOKENS) -> Costs:
+    """costs with host_tree and host_plain: the mean seconds per round that real decoding of the prompt
+    spends beyond the modelled round (probes time their parts in tight loops with warm caches; a real
+    round interleaves them with the target's forward and adds acceptance and record keeping). Measured
+    at the chosen tree and with plain decoding, each the second of two runs (the first warms up)."""
+    base = replace(costs, host_tree=0.0, host_plain=0.0)
+    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, **{k: chosen[k] for k in BUDGET_KEYS})
+    plain = tree.with_(mode="vanilla")
+    return replace(base, host_tree=_extra_per_round(target, head, base, tree, prompt_ids),
+                   host_plain=_extra_per_round(target, head, base, plain, prompt_ids))
+
+
+def _extra_per_round(target: Target, head: AnyHead, costs: Costs, cfg: DecodeConfig, prompt_ids: list[int]) -> float:
+    """Mean of (measured - modelled) seconds over the rounds of a decode, each modelled at its own tree
+    size and context length."""
+    steps = [generate(Decoder(target, head, cfg), prompt_ids) for _ in range(2)][-1].steps
+    context, extra = len(prompt_ids), []
+    for s in steps:
+        if s.step > 0:
+            n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
+            modelled = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context)
+            extra.append(sum(s.timings.values()) - modelled)
+        context += len(s.new_tokens)
+    return float(np.mean(extra)) if extra else 0.0
+
+
+def expected_seconds(report: dict, prompt_tokens: int, new_tokens: int) -> float:
+    """The cost model's wall time for one generation with the report's chosen budget: the prompt's
+    prefill, then (new_tokens - 1) / E[accept length] rounds at the generation's mean context length."""
+    costs, c = Costs.from_json(report["costs"]), report["chosen"]
+    rounds = max(0, new_tokens - 1) / report["expected_accept_length"]
+    round_s = costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
+                               prompt_tokens + new_tokens // 2)
+    return costs.t_prefill(prompt_tokens) + rounds * round_s
+
+
 def vocab_masks(head: AnyHead, vocabs: tuple[int, ...]) -> dict[int, np.ndarray | None]:
     """The draft vocabularies this head supports (it needs token counts for a subset)."""
     out: dict[int, np.ndarray | None] = {0: None}
@@ -441,16 +512,20 @@ def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocab
     masks = vocab_masks(head, vocabs)
     costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats,
                           refresh=refresh)
-    samples = calibrate(target, head, prompts or calibration_prompts(), max_new_tokens)
+    prompts = prompts or calibration_prompts()
+    samples = calibrate(target, head, prompts, max_new_tokens)
     model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
+    first = _best_table(costs, model, None)[0][0]
+    costs = host_terms(target, head, costs, first, encode_prompt(target.tokenizer, prompts[0], target.max_context))
     table, choices = _best_table(costs, model, None)
     best = table[0]
     by_context = [{"context": c, **{k: _best_table(costs, model, c)[0][0][k] for k in (*BUDGET_KEYS, "speedup")}}
                   for c in sorted(costs.verify_by_context)]
     same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
     return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
-            "vanilla_tokens_per_s": tokens_per_second(1, costs.t_verify(1)),
+            "vanilla_tokens_per_s": tokens_per_second(1, costs.t_plain()), "t_plain": costs.t_plain(),
             "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,
+            "host_ms": {"tree": 1000 * costs.host_tree, "plain": 1000 * costs.host_plain},
             "chosen": {f: best[f] for f in BUDGET_KEYS},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
@@ -492,7 +567,7 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     if report is None:
         report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
         atomic_write_json(path, report, indent=1)
-    fastest = fastest_vanilla(target, report["t_verify"]["1"])
+    fastest = fastest_vanilla(target, report["t_plain"])
     report = {**report, "auto_file": str(path), **against_fastest(report, fastest)}
     return base_cfg.with_(**report["chosen"]), report
 
