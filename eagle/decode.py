@@ -213,14 +213,16 @@ class Decoder:
             gen = None if self.cfg.greedy else s.generator
             cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen, lap=s.clock.lap)
             kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
+            levels = self.static_plan.max_depth
         else:
             cand = draft_dynamic(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, lap=s.clock.lap)
-            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1)
+            levels = self.cfg.depth + 1  # the deepest candidate: trees are built unchecked to this bound
+            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1, levels)
             if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
                 values = cand.scores[kept].exp().sort(descending=True).values
                 n = best_tree_size(values, self.costs, s.t_cache.length)
-                kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1)
-        return cand, kept, _tree_from_candidates(s.root, cand, kept)
+                kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1, levels)
+        return cand, kept, _tree_from_candidates(s.root, cand, kept, levels)
 
     def _verify(self, s: DecodeState, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
         start = s.t_cache.length
@@ -314,7 +316,7 @@ def draft_round(drafter: Drafter, root_hidden: torch.Tensor, root: int, depth: i
     a round: draft, rerank to the nodes - 1 best candidates, build the verification tree and record
     every drafted node (nothing verified yet, so nothing accepted)."""
     cand, kept = _draft_dynamic_kept(drafter, root_hidden, depth, top_k, nodes)
-    tree = _tree_from_candidates(root, cand, kept)
+    tree = _tree_from_candidates(root, cand, kept, depth + 1)
     return _trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
 
 
@@ -322,18 +324,19 @@ def _draft_dynamic_kept(drafter: Drafter, root_hidden: torch.Tensor, depth: int,
                         nodes: int) -> tuple[Candidates, torch.Tensor]:
     """EAGLE-2's draft, then its rerank to the nodes - 1 best candidates (the root is the n-th)."""
     cand = draft_dynamic(drafter, root_hidden, depth, top_k)
-    return cand, rerank(cand.scores, cand.parents, cand.depths, nodes - 1)
+    return cand, rerank(cand.scores, cand.parents, cand.depths, nodes - 1, depth + 1)
 
 
-def _tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor) -> Tree:
-    """The verification tree: the root, then the kept candidates (kept is parents-first)."""
+def _tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor, max_depth: int) -> Tree:
+    """The verification tree: the root, then the kept candidates (kept is parents-first), at most
+    max_depth deep (the draft's bound: the tree is built without re-checking its invariants)."""
     dev = cand.tokens.device
     slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=dev)
     slot[kept] = torch.arange(1, kept.numel() + 1, device=dev)  # candidate id -> tree index
     cand_parent = cand.parents[kept]
     parents = torch.where(cand_parent < 0, 0, slot[cand_parent.clamp(min=0)])
     tokens = torch.cat([torch.tensor([root], device=dev), cand.tokens[kept]])
-    return build_tree(tokens, torch.cat([torch.tensor([-1], device=dev), parents]))
+    return build_tree(tokens, torch.cat([torch.tensor([-1], device=dev), parents]), max_depth)
 
 
 def _tree_to(tree: Tree, device: str | torch.device) -> Tree:

@@ -151,6 +151,10 @@ class StaticPlan:
     path: torch.Tensor  # (N-1, N-1) float: ancestors-or-self among non-root nodes (path sums)
     levels: tuple[StaticLevel, ...]
 
+    @property
+    def max_depth(self) -> int:
+        return len(self.levels)
+
     @staticmethod
     def build(parents: torch.Tensor, ranks: torch.Tensor, depths: torch.Tensor,
               device: torch.device | str = "cpu") -> "StaticPlan":

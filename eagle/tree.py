@@ -56,17 +56,26 @@ def _check_parent_array(parents: torch.Tensor) -> None:
         raise ValueError("a node cannot be its own parent")
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_mask(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
     """(N, N) bool: mask[i, j] is True iff j is i itself or an ancestor of i.
 
     Works for any forest (several -1 entries allowed), in any node order. One vectorised
-    parent lookup per level, so the cost is O(max_depth * N).
+    parent lookup per level, so the cost is O(max_depth * N). Given `max_depth` (a bound the
+    caller guarantees, e.g. the decoder's draft depth), the input is trusted: no checks and
+    exactly max_depth lookups, none of which reads a value back to the host (the decoder's hot
+    path; tests check the invariants on the checked path).
     """
-    _check_parent_array(parents)
     n = parents.numel()
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)
     rows = torch.arange(n, device=parents.device)
     cur = parents.clone()  # (N,) current ancestor of each node, -1 once past its root
+    if max_depth is not None:
+        for _ in range(max_depth):
+            live = cur >= 0
+            mask[rows, cur.clamp(min=0)] |= live
+            cur = torch.where(live, parents[cur.clamp(min=0)], cur)
+        return mask
+    _check_parent_array(parents)
     for _ in range(n + 1):  # a chain of N nodes needs N - 1 steps plus the final check
         live = cur >= 0
         if not live.any():
@@ -106,12 +115,15 @@ def retrieve_paths(mask: torch.Tensor, parents: torch.Tensor) -> tuple[torch.Ten
     return retrieve, leaves
 
 
-def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
-    """Build a Tree (depths, ancestor mask, retrieve paths) from tokens (N,) and parents (N,)."""
-    if tokens.shape != parents.shape:
-        raise ValueError(f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} differ")
-    _check_tree_parents(parents)
-    mask = ancestor_mask(parents)  # (N, N)
+def build_tree(tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> Tree:
+    """Build a Tree (depths, ancestor mask, retrieve paths) from tokens (N,) and parents (N,).
+    max_depth: a depth bound the caller guarantees; the parent array is then trusted, unchecked
+    (see ancestor_mask)."""
+    if max_depth is None:
+        if tokens.shape != parents.shape:
+            raise ValueError(f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} differ")
+        _check_tree_parents(parents)
+    mask = ancestor_mask(parents, max_depth)  # (N, N)
     depths = mask.sum(-1) - 1  # (N,) number of strict ancestors
     retrieve, leaves = retrieve_paths(mask, parents)
     return Tree(tokens=tokens.long(), parents=parents, depths=depths, mask=mask,
@@ -145,16 +157,19 @@ def select_frontier(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order[:k]
 
 
-def _path_min(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """(M,) minimum score over each node and its candidate ancestors."""
+def _path_min(scores: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
+    """(M,) minimum score over each node and its candidate ancestors (max_depth: a trusted bound,
+    exactly that many steps and no host reads; else until every path ended, cycles refused)."""
     value = scores.clone()
     cur = parents.clone()
-    for _ in range(parents.numel() + 1):
+    for _ in range(parents.numel() + 1 if max_depth is None else max_depth):
         live = cur >= 0
-        if not live.any():
+        if max_depth is None and not live.any():
             return value
         value = torch.where(live, torch.minimum(value, scores[cur.clamp(min=0)]), value)
         cur = torch.where(live, parents[cur.clamp(min=0)], cur)
+    if max_depth is not None:
+        return value
     raise ValueError("parents contain a cycle")
 
 
@@ -173,7 +188,7 @@ def _check_rerank_inputs(scores: torch.Tensor, parents: torch.Tensor,
 
 
 def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-           n_keep: int) -> torch.Tensor:
+           n_keep: int, max_depth: int | None = None) -> torch.Tensor:
     """Keep the min(n_keep, M) best candidates, ancestor-closed, parents before children.
 
     parents index into the same candidate list (-1 = child of the root). Ranking key:
@@ -182,11 +197,13 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
     increasing along a path) this equals the score itself, so this is plain top-n. The
     cap makes every parent rank strictly before its children (equal value -> shallower
     wins), so any prefix of the ranking is ancestor-closed even under ties or for
-    arbitrary scores. Returned indices are sorted by (depth, index).
+    arbitrary scores. Returned indices are sorted by (depth, index). max_depth: a bound on the
+    candidates' depths the caller guarantees; the inputs are then trusted (the decoder's hot path).
     """
-    _check_rerank_inputs(scores, parents, depths, n_keep)
+    if max_depth is None:
+        _check_rerank_inputs(scores, parents, depths, n_keep)
     n = min(n_keep, scores.numel())
-    value = _path_min(scores, parents)  # (M,)
+    value = _path_min(scores, parents, max_depth)  # (M,)
     by_depth = torch.argsort(depths, stable=True)  # stable: index breaks remaining ties
     ranking = by_depth[torch.argsort(value[by_depth], descending=True, stable=True)]
     kept = ranking[:n]

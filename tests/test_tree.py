@@ -84,6 +84,17 @@ def test_build_tree_invariants(parents: torch.Tensor) -> None:
 
 
 @FUZZ
+@given(tree_parents(), st.integers(0, 3))
+def test_the_trusted_hot_path_builds_the_same_tree(parents: torch.Tensor, slack: int) -> None:
+    """With a depth bound (the decoder's draft depth, possibly loose) build_tree skips its checks and
+    the host reads of its level loop, and builds exactly the checked tree."""
+    checked = build_tree(torch.arange(parents.numel()) + 100, parents)
+    trusted = build_tree(torch.arange(parents.numel()) + 100, parents, max_depth=checked.max_depth + slack)
+    for field in ("tokens", "parents", "depths", "mask", "retrieve", "leaves"):
+        assert torch.equal(getattr(trusted, field), getattr(checked, field)), field
+
+
+@FUZZ
 @given(candidate_forest())
 def test_ancestor_mask_forest_any_order(forest: tuple[torch.Tensor, torch.Tensor]) -> None:
     parents, _ = forest
@@ -237,3 +248,12 @@ def test_load_static_paths_custom(tmp_path) -> None:
     parents, ranks, depths = static_paths_to_tree_shape(load_static_paths(path))
     assert parents.tolist() == [-1, 0, 0, 1]
     assert ranks.tolist() == [-1, 0, 1, 0] and depths.tolist() == [0, 1, 1, 2]
+
+
+@FUZZ
+@given(candidate_forest(), score_lists, st.integers(0, 25), st.integers(0, 2))
+def test_rerank_with_a_depth_bound_keeps_the_same_nodes(forest, scores: list[float], n_keep: int, slack: int) -> None:
+    parents, depths = forest
+    score_t = torch.tensor(scores[:parents.numel()], dtype=torch.float64)
+    bound = int(depths.max()) + slack if depths.numel() else slack
+    assert torch.equal(rerank(score_t, parents, depths, n_keep, bound), rerank(score_t, parents, depths, n_keep))
