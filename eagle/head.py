@@ -14,7 +14,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .files import atomic_write
-from .head3 import Eagle3Head, attention_inputs, llama_attention, top_token_ids
+from .head3 import DraftAttention, Eagle3Head, attention_inputs, top_token_ids
 from .kvcache import ChainKeys, KVCache
 from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
 from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
@@ -53,13 +53,13 @@ class DraftLayer(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.self_attn = llama_attention(config, config.hidden_size, bool(getattr(config, "qkv_bias", False)))
+        self.self_attn = DraftAttention(config, config.hidden_size, bool(getattr(config, "qkv_bias", False)))
         self.mlp = LlamaMLP(config)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache) -> torch.Tensor:
-        x = x + self.self_attn(x, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
+        x = x + self.self_attn(x, rope, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -72,7 +72,6 @@ class DraftHead(nn.Module):
 
     def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding | None = None) -> None:
         super().__init__()
-        config._attn_implementation = "sdpa"  # boolean tree masks need SDPA (eager adds masks as floats)
         self.config = config
         h = config.hidden_size
         self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, h, config.pad_token_id)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .kvcache import CacheWriter, ChainKeys, KVCache, prefix_mask
 from .layouts import HeadLayout
@@ -32,15 +33,47 @@ def attention_inputs(cache: KVCache | None, start: int, n_new: int, tree_mask: t
     return mask, cache.writer(start, n_new)
 
 
-def llama_attention(config: LlamaConfig, in_features: int, qkv_bias: bool = False) -> LlamaAttention:
-    """Llama attention whose q/k/v projections read `in_features` inputs (2H for EAGLE-3) and, with
-    qkv_bias, carry biases (EAGLE-Qwen2 heads: biased q/k/v, unbiased o_proj, which config.attention_bias
-    cannot say); o_proj still writes H."""
-    attn = LlamaAttention(config, layer_idx=0)
-    for name in ("q_proj", "k_proj", "v_proj"):
-        narrow = getattr(attn, name)
-        setattr(attn, name, nn.Linear(in_features, narrow.out_features, bias=qkv_bias or narrow.bias is not None))
-    return attn
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (B, heads, T, D) with cos, sin (B, T, D) (Llama's half rotation)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class DraftAttention(nn.Module):
+    """Llama self-attention as a draft head runs it: q/k/v/o projections under the checkpoints' names,
+    rotary positions, the cache argument's update (the head's KV cache, or a training chain) and SDPA
+    over a boolean mask. Written out instead of transformers' LlamaAttention because a head forward
+    over a few tokens costs little more than that module's per-call dispatch, and a draft round makes
+    several. q/k/v read `in_features` inputs (2H for EAGLE-3) and, with qkv_bias, carry biases
+    (EAGLE-Qwen2 heads: biased q/k/v and an unbiased o_proj, which config.attention_bias cannot say)."""
+
+    def __init__(self, config: LlamaConfig, in_features: int, qkv_bias: bool = False) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_proj = nn.Linear(in_features, self.heads * self.head_dim, bias=qkv_bias or bias)
+        self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=qkv_bias or bias)
+        self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=qkv_bias or bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache) -> torch.Tensor:
+        """x (B, T, in_features), rope: cos, sin (B, T, D), mask (1, 1, T, S) bool or None (one new token
+        sees the whole prefix) -> (B, T, H)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, kv_heads, T, D)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)  # (B, kv_heads, S, D): the prefix, then these T
+        groups = self.heads // self.kv_heads
+        if groups > 1:  # each key/value head serves `groups` consecutive query heads
+            k, v = (z[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2) for z in (k, v))
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
 class Eagle3Layer(nn.Module):
@@ -53,7 +86,7 @@ class Eagle3Layer(nn.Module):
         h, eps = config.hidden_size, config.rms_norm_eps
         self.hidden_norm = LlamaRMSNorm(h, eps=eps)
         self.input_layernorm = LlamaRMSNorm(h, eps=eps)
-        self.self_attn = llama_attention(config, 2 * h)
+        self.self_attn = DraftAttention(config, 2 * h)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(config)
         # speculators' variant: the residual stream starts from the normed feature, not the raw one
@@ -65,7 +98,7 @@ class Eagle3Layer(nn.Module):
         normed = self.hidden_norm(x)
         wide = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H)
         residual = normed if self.norm_before_residual else x
-        x = residual + self.self_attn(wide, position_embeddings=rope, attention_mask=mask, cache=cache)[0]
+        x = residual + self.self_attn(wide, rope, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -78,7 +111,6 @@ class Eagle3Head(nn.Module):
     def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...],
                  embed_tokens: nn.Embedding | None = None) -> None:
         super().__init__()
-        config._attn_implementation = "sdpa"  # boolean tree masks need SDPA (eager adds masks as floats)
         self.config, self.feature_layers = config, tuple(feature_layers)
         h, vocab = config.hidden_size, config.vocab_size
         k = getattr(config, "draft_vocab_size", None) or vocab
