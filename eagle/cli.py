@@ -145,6 +145,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cfg = check_generate_args(args)
     if args.prompts < 1:
         raise ValueError(f"--prompts {args.prompts}: profile at least one prompt.")
+    if args.preset == "vanilla" or (args.total_tokens is not None and args.total_tokens < 2):
+        flag = "--preset vanilla" if args.preset == "vanilla" else f"--total-tokens {args.total_tokens}"
+        raise ValueError(f"{flag}: profile times the phases of a draft tree's round and this verifies one token "
+                         "with no tree; time plain decoding with `bench --modes vanilla`.")
     if args.json and args.json.exists() and not args.force:
         raise ValueError(f"--json {args.json} exists: give a new file name, or --force to replace it.")
     target, head, source = load_pair(model_spec(args, need_head=True))

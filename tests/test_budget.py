@@ -1,6 +1,7 @@
 """The budget chooser on a synthetic cost model with a hand-computed optimum, the replay estimate of
 accepted lengths, the per-machine cost cache, and auto_config on the real model."""
 import numpy as np
+import torch
 import pytest
 
 from eagle.tools import budget
@@ -180,3 +181,18 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
         budget.choice_at_context(report, 1500)["total_tokens"]
     _, round_costs, _ = budget.tuned_config(target, random_head, base, "adaptive")
     assert round_costs.contexts == budget.CONTEXTS and round_costs.verify_at(2048) != round_costs.verify
+
+
+def test_fastest_vanilla_names_the_precision_that_is_fastest_here(monkeypatch):
+    """Against the precision probe's times: the target's own dtype is scaled by their ratio; a dtype the
+    probe does not run (fp16 on a CPU) competes by the probe's absolute times, never claimed fastest blindly."""
+    from types import SimpleNamespace
+    ms = {"float32": {"1": 55.0, "8": 75.0}, "bfloat16": {"1": 37.0, "8": 41.0}}
+    monkeypatch.setattr(budget, "choose_cpu_dtype", lambda target: {"ms": ms})
+    cpu = torch.device("cpu")
+    fp32 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float32, device=cpu), 0.060)
+    assert fp32["dtype"] == "bfloat16" and fp32["tokens_per_s"] == pytest.approx(1 / (0.060 * 37 / 55))
+    slow_fp16 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.300)
+    assert slow_fp16 == {"dtype": "bfloat16", "tokens_per_s": pytest.approx(1 / 0.037)}
+    fast_fp16 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.020)
+    assert fast_fp16 == {"dtype": "float16", "tokens_per_s": pytest.approx(50.0)}

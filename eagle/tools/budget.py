@@ -575,9 +575,15 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
 def fastest_vanilla(target: Target, t1: float) -> dict:
     """The fastest plain decoding of this model here: {"dtype", "tokens_per_s"}. On a CPU the precision
     probe's one-token forward per dtype (measured once, cached) scales `t1`, the target's own measured
-    one-token forward; on CUDA the target's dtype (bf16/fp16) is taken as the fastest."""
+    one-token forward (a precision the probe does not run, fp16 on a CPU, is compared by the probe's
+    absolute times); on CUDA the target's dtype (bf16/fp16) is taken as the fastest."""
     own = dtype_name(target.dtype)
     ms = choose_cpu_dtype(target)["ms"] if target.device.type == "cpu" else {}
+    if ms and own not in ms:  # e.g. fp16 on a CPU: no ratio to it, so the probe's own times compete
+        best = min(ms, key=lambda d: ms[d]["1"])
+        if ms[best]["1"] / 1000 < t1:
+            return {"dtype": best, "tokens_per_s": tokens_per_second(1, ms[best]["1"] / 1000)}
+        return {"dtype": own, "tokens_per_s": tokens_per_second(1, t1)}
     best = min(ms, key=lambda d: ms[d]["1"]) if own in ms else own
     scale = ms[best]["1"] / ms[own]["1"] if own in ms else 1.0
     return {"dtype": best, "tokens_per_s": tokens_per_second(1, t1 * scale)}
