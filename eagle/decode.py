@@ -350,11 +350,18 @@ def _trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[
     root = NodeRecord(0, -1, 0, rnd.root, texts(rnd.root), 1.0, 1.0, 0, True, True, None)
     if rnd.cand is None:
         return [root], [0]
-    c, kept = rnd.cand, rnd.kept.tolist()
+    c, m, k = rnd.cand, rnd.cand.tokens.numel(), rnd.kept.numel()
+    # one device-to-host copy for the round's records: six (M,) columns, the kept ids, p(token | parent)
+    # (float64 holds every id exactly)
+    flat = torch.cat([t.double() for t in (c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks,
+                                           rnd.kept, rnd.node_probs)]).tolist()
+    cols = [flat[i * m:(i + 1) * m] for i in range(6)]
+    for i in (0, 1, 2, 5):  # the integer columns
+        cols[i] = [int(x) for x in cols[i]]
+    kept = [int(x) for x in flat[6 * m:6 * m + k]]
+    node_probs = flat[6 * m + k:]
     tree_index = {cid: i + 1 for i, cid in enumerate(kept)}
     accepted = set(rnd.accepted)
-    node_probs = rnd.node_probs.tolist()
-    cols = [t.tolist() for t in (c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks)]
     nodes = [root]
     for cid, (parent, depth, token, conf, value, rank) in enumerate(zip(*cols)):
         ti = tree_index.get(cid)
