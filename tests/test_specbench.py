@@ -118,3 +118,18 @@ def test_spec_bench_export(tmp_path, capsys):
     assert float(row[1]) == pytest.approx(speed, abs=0.006) and float(row[2]) == pytest.approx(ratio, abs=6e-4)
     generated = sum(n for a in answers["vanilla"] for n in a["choices"][0]["new_tokens"])
     assert f"{counted} tokens for the {generated} generated" in out[out.index("Spec-Bench answer files"):]
+
+
+def test_answer_lines_are_sorted_by_question_id_as_spec_bench_leaves_them():
+    """Spec-Bench's eval reorders every answer file by question_id; ours are written that way whatever the
+    order the traces were run in (numeric ids numerically, 100 after 99)."""
+    from eagle.tools.specbench import answer_records
+    from eagle.trace import StepRecord, Trace, TraceHeader
+
+    def trace(qid) -> Trace:
+        meta = {"question_id": qid, "turn": 1, "category": "writing", "new_tokens": 1, "seconds": 0.5}
+        step = StepRecord(step=0, mode="vanilla", nodes=[], accepted=[], bonus_token=5, bonus_text="Hi",
+                          new_tokens=[5], new_text="Hi", accept_length=1, timings={}, finished="eos")
+        return Trace(TraceHeader("m", None, {}, "q", 3, meta), [step])
+    records = answer_records([trace(q) for q in (100, 81, 99, 82)], "m-vanilla", tstamp=0.0)
+    assert [r["question_id"] for r in records] == [81, 82, 99, 100]

@@ -73,13 +73,14 @@ def _complete_turns(traces: list[Trace]) -> list[Trace] | None:
 
 def answer_records(traces: list[Trace], model_id: str, specials: tuple[str, ...] = (),
                    tstamp: float | None = None) -> list[dict]:
-    """Spec-Bench answer lines for one method's traces (one line per question with all its turns);
+    """Spec-Bench answer lines for one method's traces (one line per question with all its turns, sorted by
+    question_id as Spec-Bench's own eval leaves its files, so two methods' files align line by line);
     `specials`: the special token texts stripped from the replies (special_texts)."""
     per_question: dict[object, list[Trace]] = defaultdict(list)
     for t in traces:
         per_question[t.header.meta["question_id"]].append(t)
     records = []
-    for qid, group in per_question.items():
+    for qid, group in sorted(per_question.items(), key=lambda item: _question_order(item[0])):
         turns = _complete_turns(group)
         if turns is None:
             continue
@@ -87,6 +88,11 @@ def answer_records(traces: list[Trace], model_id: str, specials: tuple[str, ...]
                         "answer_id": f"{model_id}-{qid}", "model_id": model_id,
                         "choices": [_choice(turns, specials)], "tstamp": time.time() if tstamp is None else tstamp})
     return records
+
+
+def _question_order(qid: object) -> tuple[int, int | str]:
+    """Numeric ids in numeric order (MT-bench's 81..160), then any other ids as text."""
+    return (0, int(qid)) if isinstance(qid, int) or str(qid).isdigit() else (1, str(qid))
 
 
 def method_id(trace_file: Path, traces: list[Trace]) -> str:
