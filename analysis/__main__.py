@@ -1,13 +1,15 @@
 """`python -m analysis figures --traces DIR_OR_FILE --out DIR`: every paper figure (PNG + SVG by
-default) and table (CSV + Markdown) from recorded traces."""
+default) and table (CSV + Markdown) from recorded traces. `python -m analysis ablation --results
+ablation.json --out DIR`: the recipe ablation's figure and table (`python -m eagle ablation`)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from eagle.files import run_guarded
+from eagle.files import atomic_write, run_guarded
 
+from .ablation import ablation_figure, ablation_frame, ablation_markdown, load_ablation
 from .export import load_traces, write_figures, write_tables
 from .report import build_figures, build_tables
 from .tables import nodes_frame, steps_frame, trace_seconds
@@ -22,7 +24,26 @@ def _parser() -> argparse.ArgumentParser:
     fig.add_argument("--bins", type=int, default=10, help="calibration bins (default 10)")
     fig.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
     fig.add_argument("--scale", type=float, default=1.0, help="raster scale factor (1 = 1200 px wide)")
+    abl = sub.add_parser("ablation", help="the recipe ablation's figure and table from `eagle ablation`")
+    abl.add_argument("--results", required=True, type=Path, help="the ablation.json `python -m eagle ablation` wrote")
+    abl.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
+    abl.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
     return parser
+
+
+def ablation_command(args: argparse.Namespace) -> int:
+    """ablation.{png,svg,...} (HTML without a browser), ablation.csv and ablation.md (the TRAINING.md table)."""
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a directory: give a directory for the figure.")
+    results = load_ablation(args.results)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    result = write_figures({"ablation": ablation_figure(results)}, args.out, formats)
+    written = write_tables({"ablation": ablation_frame(results)}, args.out, markdown=False)
+    atomic_write(args.out / "ablation.md", ablation_markdown(results))
+    for message in result.messages:
+        print(f"warning: {message}", file=sys.stderr)
+    print(f"{len(results['points'])} point(s) -> {len(result.written) + len(written) + 1} files in {args.out}")
+    return 0
 
 
 def figures_command(args: argparse.Namespace) -> int:
@@ -48,7 +69,8 @@ def figures_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return run_guarded(lambda: figures_command(args))
+    command = {"figures": figures_command, "ablation": ablation_command}[args.command]
+    return run_guarded(lambda: command(args))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ FLAG_RANGES: dict[str, tuple[float, float | None]] = {
     "vocab_k": (0, None), "checkpoint_every": (0, None), "eval_every": (0, None), "eval_samples": (1, None),
     "log_every": (1, None), "max_minutes": (0, None), "ttt_steps": (1, None), "ttt_decay": (0, 1),
     "draft_vocab_size": (0, None), "samples": (0, None),
+    # ablation (its --steps, --fractions and --ttt-steps are checked further by AblationConfig.validate)
+    "tau_per_category": (0, None), "tau_max_new_tokens": (1, None),
 }
 
 

@@ -32,7 +32,7 @@ from .tools.tokenmap import export_token_map
 from .trace import Trace, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
-DELEGATED = ("bench", "prepare", "train", "evaluate", "distill")
+DELEGATED = ("bench", "prepare", "train", "evaluate", "distill", "ablation")
 # The dashboard script, beside this package both in a checkout and in site-packages (the wheel installs
 # eagle and app side by side); located by path because eagle never imports the app layer.
 DASHBOARD = Path(__file__).resolve().parent.parent / "app" / "main.py"

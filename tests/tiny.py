@@ -35,3 +35,31 @@ def tiny_target(vocab: int = 12, seed: int = 0, eos: int | None = 0, layers: int
 def tiny_pair(vocab: int = 12, seed: int = 0, eos: int | None = 0):
     target = tiny_target(vocab, seed, eos)
     return target, new_head(target, seed=seed + 1)
+
+
+def tiny_features(target: Target, out, n_train: int = 12, n_heldout: int = 4, length: int = 20,
+                  seed: int = 0) -> None:
+    """A finished EAGLE-3 feature directory for `target` (what `prepare --head-type eagle3` leaves: shards with
+    the three layers' inputs and the last feature, token counts, a manifest with its stats), made from
+    random token sequences whose second half is the assistant's (prepare needs a chat template the tiny
+    tokenizer lacks). The target needs at least 3 layers."""
+    from pathlib import Path
+
+    from eagle.head import COUNTS_FILE
+    from eagle.layouts import eagle3_feature_layers
+    from eagle.training.features import _save_tensors, _write_shard, count_tokens, samples_sha256
+    from eagle.files import atomic_write_json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen, vocab = torch.Generator().manual_seed(seed), target.config.vocab_size
+    mask = torch.arange(length) >= length // 2
+    samples = {split: [(torch.randint(1, vocab, (length,), generator=gen), mask) for _ in range(n)]
+               for split, n in (("heldout", n_heldout), ("train", n_train))}
+    layers = list(eagle3_feature_layers(target.config.num_hidden_layers))
+    for split, chunk in samples.items():
+        _write_shard(target, chunk, out / f"{split}-00000.safetensors", layers)
+    _save_tensors({"token_counts": count_tokens(samples["train"], vocab)}, out / COUNTS_FILE)
+    atomic_write_json(out / "manifest.json", {"model": target.name, "head_type": "eagle3", "feature_layers": layers,
+                                              "samples_sha256": samples_sha256(samples),
+                                              "stats": {"train_samples": n_train, "heldout_samples": n_heldout}})

@@ -1,4 +1,4 @@
-"""`python -m eagle prepare|train|evaluate|distill`: argparse for the training side, run inside
+"""`python -m eagle prepare|train|evaluate|distill|ablation`: argparse for the training side, run inside
 eagle.files.run_guarded (a bad input is one sentence and exit code 2). eagle.cli hands these commands here."""
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from ..checks import check_argv, check_output, check_runtime_args
 from ..files import atomic_write, run_guarded
 from ..head import HEAD_KINDS
 from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
+from ..questions import load_questions
+from .ablation import (RECIPE_NAMES, AblationConfig, check_ablation_features, parse_fractions, parse_tree,
+                       run_ablation)
 from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
 from .features import check_conversation_range, check_features, prepare_features
@@ -123,13 +126,58 @@ def _run_evaluate(args: argparse.Namespace, target: Target) -> None:
     print(text)
 
 
+def _add_ablation_args(p: argparse.ArgumentParser) -> None:
+    d = AblationConfig(features="", out="")
+    p.add_argument("--features", required=True,
+                   help="an EAGLE-3 extraction (prepare --head-type eagle3; it holds the EAGLE-1 features too)")
+    p.add_argument("--out", default="runs/ablation", help="runs/, ablation.json and ablation.log (%(default)s)")
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps of every point (%(default)s)")
+    p.add_argument("--fractions", default=",".join(f"{f:g}" for f in d.fractions),
+                   help="data fractions: the first f of the training samples, nested (%(default)s)")
+    p.add_argument("--recipes", default=",".join(d.recipes), help=f"from {', '.join(RECIPE_NAMES)} (%(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps,
+                   help="draft steps unrolled by eagle1-ttt and eagle3 (%(default)s)")
+    p.add_argument("--ttt-decay", type=float, default=d.ttt_decay, help="(%(default)s)")
+    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size,
+                   help="the eagle3 head's own vocabulary (%(default)s; 0 = the whole vocabulary)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="(%(default)s)")
+    p.add_argument("--tau-per-category", type=int, default=d.tau_per_category,
+                   help="also MT-bench tau per point over this many questions per category (0 = off)")
+    p.add_argument("--questions", default=d.questions, help="question set for tau (%(default)s or a JSONL file)")
+    p.add_argument("--tau-max-new-tokens", type=int, default=d.tau_max_new_tokens, help="(%(default)s)")
+    p.add_argument("--tau-tree", default="/".join(map(str, d.tau_tree)),
+                   help="TOTAL/DEPTH/TOP_K of the dynamic tree tau is measured with (%(default)s: the paper's)")
+
+
+def ablation_config(args: argparse.Namespace) -> AblationConfig:
+    """The typed settings of `ablation`, validated (one sentence for a bad flag)."""
+    return AblationConfig(
+        features=args.features, out=args.out, steps=args.steps, fractions=parse_fractions(args.fractions),
+        recipes=tuple(r.strip() for r in args.recipes.split(",") if r.strip()), lr=args.lr, batch=args.batch,
+        warmup=args.warmup, ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
+        draft_vocab_size=args.draft_vocab_size, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        tau_per_category=args.tau_per_category, questions=args.questions,
+        tau_max_new_tokens=args.tau_max_new_tokens, tau_tree=parse_tree(args.tau_tree)).validate()
+
+
+def _run_ablation(args: argparse.Namespace, target: Target) -> None:
+    results = run_ablation(target, ablation_config(args))
+    print(f"{len(results['points'])} point(s) in {Path(args.out) / 'ablation.json'}; figure and table: "
+          f"python -m analysis ablation --results {Path(args.out) / 'ablation.json'} --out DIR")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"prepare": "extract target features (optionally self-distilling the replies first)",
                 "train": "train the head on extracted features",
                 "evaluate": "held-out accuracy per draft step of a saved head on a features directory",
-                "distill": "regenerate ShareGPT first replies with the target into a resumable store"}
+                "distill": "regenerate ShareGPT first replies with the target into a resumable store",
+                "ablation": "the recipe ablation and data-scaling curve: EAGLE-1, + training-time test, EAGLE-3 "
+                            "at each data fraction (resumable)"}
     for name, help_text in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--model", default=DEFAULT_MODEL, help="target model (%(default)s)")
@@ -146,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
             _add_distill_args(p)
             p.set_defaults(distill_dir=f"data/distill/{DEFAULT_MODEL}")
             continue
+        if name == "ablation":
+            _add_ablation_args(p)
+            continue
         p.add_argument("--features", default="runs/features", help="feature shard directory (%(default)s)")
         p.add_argument("--head-type", choices=HEAD_KINDS, default="eagle1",
                        help="eagle1: the EAGLE-1/2 head (last feature); eagle3: three target layers fused, own "
@@ -158,7 +209,13 @@ def _check_paths(args: argparse.Namespace) -> None:
     """Inputs that must exist and outputs that must be directories, checked before the model loads."""
     if getattr(args, "sharegpt", None) and not Path(args.sharegpt).is_file():
         raise FileNotFoundError(f"--sharegpt {args.sharegpt}: no such file")
-    if args.command == "evaluate":
+    if args.command == "ablation":
+        cfg = ablation_config(args)
+        check_ablation_features(Path(cfg.features))
+        if cfg.tau_per_category:
+            load_questions(cfg.questions)  # a missing question file fails before training, not after it
+        outputs = {"--out": args.out}
+    elif args.command == "evaluate":
         check_features(Path(args.features))
         if not (Path(args.head) / "config.json").is_file():
             raise FileNotFoundError(f"--head {args.head}: no head there (config.json missing)")
@@ -197,6 +254,7 @@ def _main(argv: list[str]) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
-    runs = {"prepare": _run_prepare, "train": _run_train, "evaluate": _run_evaluate, "distill": _run_distill}
+    runs = {"prepare": _run_prepare, "train": _run_train, "evaluate": _run_evaluate, "distill": _run_distill,
+            "ablation": _run_ablation}
     runs[args.command](args, target)
     return 0

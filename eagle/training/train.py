@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger
 from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_tensors, save_head, top_token_ids
 from ..target import Target, dtype_name
-from .features import Sequence, check_features, load_shards
+from .features import Sequence, check_features, count_tokens, load_shards
 from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
                         unroll)
 
@@ -91,6 +91,7 @@ class TrainConfig:
     loss: str = "eagle1"  # one of LOSSES
     head_type: str = "eagle1"  # one of eagle.head.HEAD_KINDS; eagle3 needs features prepared for it and loss token
     draft_vocab_size: int = 0  # EAGLE-3: the K most frequent training tokens make its vocabulary (0 = all)
+    train_samples: int = 0  # train on the first N training samples only, in shard order (0 = all): nested subsets
 
 
 def _log_json(path: Path, record: dict) -> None:
@@ -122,10 +123,16 @@ def _read_counts(features_dir: Path) -> torch.Tensor:
     return read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
 
 
-def _load_data(features_dir: Path, head_type: str,
-               log: logging.Logger) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
+def _load_data(features_dir: Path, head_type: str, log: logging.Logger,
+               train_samples: int = 0) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
     train, heldout = _split(features_dir, "train", head_type), _split(features_dir, "heldout", head_type)
+    if train_samples > len(train):
+        raise ValueError(f"train_samples {train_samples}: {features_dir} holds only {len(train)} training samples.")
+    # Shards keep ShareGPT's order, so the first N samples are the first conversations: data fractions nest.
     counts = _read_counts(features_dir)
+    if train_samples:  # the draft vocabulary and soft-CE rows come from the subset's own tokens, as prepare counts
+        train = train[:train_samples]
+        counts = count_tokens([(s.input_ids, s.loss_mask) for s in train], counts.numel())
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
     return train, heldout, counts
@@ -134,8 +141,9 @@ def _load_data(features_dir: Path, head_type: str,
 RUN_FILE = "run.json"
 # What a checkpoint's weights depend on; `steps` and the logging/eval cadence may change on resume.
 RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init",
-                 "ttt_steps", "ttt_decay", "loss", "head_type", "draft_vocab_size")
-RESUME_DEFAULTS = {"head_type": "eagle1", "draft_vocab_size": 0}  # what a run.json that predates a field means
+                 "ttt_steps", "ttt_decay", "loss", "head_type", "draft_vocab_size", "train_samples")
+# what a run.json that predates a field means
+RESUME_DEFAULTS = {"head_type": "eagle1", "draft_vocab_size": 0, "train_samples": 0}
 
 
 def _check_run(out_dir: Path, fingerprint: dict) -> None:
@@ -203,7 +211,7 @@ def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path
 def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
                   final_dir: str | Path | None, progress: bool) -> dict:
     log = run_logger("train", out_dir / "train.log")
-    train, heldout, counts = _load_data(features_dir, cfg.head_type, log)
+    train, heldout, counts = _load_data(features_dir, cfg.head_type, log, cfg.train_samples)
     draft_ids = top_token_ids(counts, cfg.draft_vocab_size) if cfg.head_type == "eagle3" else None
     head = _init_head(target, cfg.seed, cfg.head_type, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
