@@ -178,14 +178,14 @@ def show_trace(trace: Trace, slots: Slots) -> None:
         return
     with slots.controls.container():
         step = render.pick_step(trace, key=f"live_step_{st.session_state.get(RUN_ID, 0)}")
-        pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "live_pruned", True)
+        pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "live_pruned", False)
     if step.step == 0:
         slots.chart.info("Round 0 is the prefill: the target reads the prompt and produces the first token; "
                          "no tree is drafted. Pick a later round to see one.")
         return
-    fig = tree_figure(step, show_pruned=pruned)
+    fig = tree_figure(step, show_pruned=pruned)  # the paper layout, for the downloads
     with slots.chart.container():
-        render.show_figure(render.fit_tree(fig), key="live_tree")
+        render.show_figure(render.screen_tree(step, pruned), key="live_tree")
         st.dataframe(render.nodes_table(step), hide_index=True, key="live_nodes")
         st.subheader("Downloads")
         exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}")

@@ -174,14 +174,15 @@ def test_tree_layout_is_tidy() -> None:
 
 def test_tree_figure_marks_bonus_path_and_pruned() -> None:
     s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1, kept=False)])
-    fig = F.tree_figure(s)
+    fig = F.tree_figure(s, show_pruned=True)
     names = [t.name for t in fig.data]
     assert "bonus (target's token)" in names and "accepted path" in names
     path = next(t for t in fig.data if t.name == "accepted path")
     assert len([x for x in path.x if x is not None]) == 4  # root->1 and 1->bonus
     nodes = next(t for t in fig.data if t.name == "draft node")
     assert list(nodes.marker.opacity) == [1.0, 1.0, 0.25]
-    assert len(F.tree_figure(s, show_pruned=False).data[2].x) == 2
+    assert len(F.tree_figure(s).data[2].x) == 2  # reranked-away nodes are hidden by default
+    assert "1 reranked away (hidden)" in F.tree_figure(s).layout.title.text
     assert isinstance(F.tree_figure(prefill()), go.Figure)  # no tree: just the token
 
 
@@ -195,8 +196,8 @@ def test_tree_svg_draws_what_tree_figure_draws() -> None:
     svg = ET.fromstring(tree_svg(s))
     ns = "{http://www.w3.org/2000/svg}"
     assert svg.get("class") == CSS_CLASS
-    circles = svg.findall(f"{ns}circle")
-    assert len(circles) == 3 and sorted(c.get("opacity") for c in circles) == ["0.25", "1.0", "1.0"]
+    circles = svg.findall(f"{ns}circle")  # the reranked-away node is left out, as in the finished view
+    assert len(circles) == 2 and [c.get("opacity") for c in circles] == ["1.0", "1.0"]
     red = [e for e in svg.findall(f"{ns}line")
            if e.get("stroke") == F.ACCEPT_COLOR and e.get("stroke-width") == "4"]
     assert len(red) == 3  # root->1, 1->bonus, and the legend's sample
@@ -370,3 +371,94 @@ def test_figures_never_crash_on_random_traces(traces: list[Trace]) -> None:
     nodes, steps = T.nodes_frame(traces), T.steps_frame(traces)
     for fig in build_figures(traces, nodes, steps).values():
         assert isinstance(fig, go.Figure) and fig.layout.width == 1200
+
+
+# ---- the tree view: informative round, aligned rounds, labels that never overlap -------------------
+def wide_tree(n: int = 60, accepted_depth: int = 3) -> StepRecord:
+    """A root with a long accepted chain and many siblings of long, wide-character tokens."""
+    nodes = [root()]
+    for d in range(1, accepted_depth + 1):
+        nodes.append(node(d, d - 1, d, 0.9, accepted=True))
+    for i in range(accepted_depth + 1, n):
+        parent = (i % accepted_depth) + 1 if i % 3 else 0
+        depth = next(x.depth for x in nodes if x.id == parent) + 1
+        nodes.append(NodeRecord(i, parent, depth, 100 + i, "長い token 🙂" * (i % 2 + 1), 0.5 / (i % 7 + 1),
+                                0.1, i, i % 4 != 0, False, 0.5))
+    return step(1, nodes)
+
+
+def label_boxes(fig: go.Figure) -> list[tuple[float, float, float, float]]:
+    """(x0, y0, x1, y1) in pixels of every drawn label, from the figure's own axes and margins."""
+    import html as h
+    import re
+    from analysis.labels import GAP, text_px
+    lay = fig.layout
+    plot_w = lay.width - lay.margin.l - lay.margin.r
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    (x0, x1), (y0, y1) = lay.xaxis.range, lay.yaxis.range
+    boxes = []
+    for tr in fig.data:
+        if tr.mode != "markers+text":
+            continue
+        for x, y, text in zip(tr.x, tr.y, tr.text):
+            if not text:
+                continue
+            plain = h.unescape(re.sub("<[^>]+>", "", text))
+            px = lay.margin.l + (x - x0) / (x1 - x0) * plot_w + GAP
+            py = lay.margin.t + (y1 - y) / (y1 - y0) * plot_h
+            font = tr.textfont.size
+            boxes.append((px, py - 0.55 * font, px + text_px(plain, font), py + 0.55 * font))
+    return boxes
+
+
+@pytest.mark.parametrize("width,max_height,pruned", [(420, 560, True), (860, 560, False), (1200, None, True)])
+def test_tree_labels_never_overlap_and_nothing_is_clipped(width, max_height, pruned) -> None:
+    fig = F.tree_figure(wide_tree(), show_pruned=pruned, width=width, max_height=max_height)
+    boxes = label_boxes(fig)
+    assert len(boxes) >= 4  # at least the root, the accepted chain's labels and the bonus
+    for i, a in enumerate(boxes):
+        assert 0 <= a[0] and a[2] <= fig.layout.width and 0 <= a[1] and a[3] <= fig.layout.height
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    bonus = next(t for t in fig.data if t.name == "bonus (target's token)")
+    assert bonus.cliponaxis is False and fig.layout.yaxis.range[0] <= bonus.y[0] - 0.4
+    if max_height:
+        assert fig.layout.height <= max_height
+
+
+def test_tree_legend_matches_the_markers() -> None:
+    """Nodes are circles coloured by confidence: the legend says so with circle samples, the mixed
+    node trace (square root, circles of every colour) stays out of it."""
+    fig = F.tree_figure(wide_tree(12), show_pruned=True)
+    shown = {t.name: t for t in fig.data if t.showlegend is not False}
+    assert "draft node" not in shown
+    assert shown["draft node, low confidence"].marker.symbol == "circle"
+    assert shown["root (last committed token)"].marker.symbol == "square"
+    assert "reranked away (faded)" in shown and "faded = reranked away" in fig.layout.title.text
+    assert "reranked away (faded)" not in {t.name for t in F.tree_figure(wide_tree(12)).data}
+
+
+def test_best_round_and_rounds_by_generated_position() -> None:
+    rounds = [step(1, [root(), node(1, 0, 1, 0.9, accepted=True)], new=1),
+              step(2, [root(), node(1, 0, 1, 0.9, accepted=True), node(2, 1, 2, 0.9, accepted=True)], new=2),
+              step(3, [root(), node(1, 0, 1, 0.9, accepted=True), node(2, 1, 2, 0.9, accepted=True)], new=2),
+              step(4, [root()], new=0)]
+    steps = trace(rounds).steps  # the prefill writes token 0, the rounds 1, 2, 2 and 0 tokens
+    assert F.best_round(steps) == 2  # the longest accepted path, the earliest of two equals
+    assert F.best_round([prefill()]) == 0
+    # prefill: token 0; round 1: token 1; round 2: tokens 2-3; round 3: tokens 4-5; round 4: none
+    assert [F.round_at_position(steps, p) for p in range(6)] == [0, 1, 2, 2, 3, 3]
+    assert F.round_at_position(steps, 99) == 4 and F.round_start(steps, 3) == 4
+
+
+def test_tree_svg_labels_never_overlap() -> None:
+    import xml.etree.ElementTree as ET
+    from analysis.tree_svg import tree_svg
+    svg = ET.fromstring(tree_svg(wide_tree(), max_height=300))
+    ns = "{http://www.w3.org/2000/svg}"
+    font = float(svg.get("font-size"))
+    labels = [(float(t.get("x")), float(t.get("y"))) for t in svg.findall(f"{ns}text") if t.get("dominant-baseline")]
+    assert len(labels) >= 4
+    for i, (x, y) in enumerate(labels):
+        for x2, y2 in labels[i + 1:]:
+            assert x != x2 or abs(y - y2) >= font * 1.2  # one level's labels at least a line apart

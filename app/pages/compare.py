@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from analysis.figures import accept_length_figure, tree_figure
+from analysis.figures import accept_length_figure, best_round, round_at_position, round_start, tree_figure
 from analysis.tables import mode_summary, steps_frame, trace_seconds
 from app import exports, render, runner, state
 from app.persist import save, seed
@@ -43,25 +43,47 @@ def run_both(models: state.Models, prompt: str, cfg: DecodeConfig, cols: list) -
         state.add_trace(trace)
 
 
-def show_column(mode: str, trace: Trace, pruned: bool) -> None:
+def pick_position(results: dict[str, Trace]) -> int:
+    """One slider over generated positions for both columns: each shows the round that wrote that
+    token, so the two trees answer the same point of the reply (round numbers differ between modes).
+    It opens where the dynamic run's longest accepted path begins."""
+    lengths = [len(runner.generation(t).tokens) for t in results.values() if t.steps]
+    key = f"cmp_position_{st.session_state.get(RUN_ID, 0)}"
+    if max(lengths, default=0) < 2:
+        return 0
+    first = results.get("dynamic") or next(iter(results.values()))
+    seed(key, round_start(first.steps, best_round(first.steps)) if first.steps else 0)
+    position = st.slider("Generated token (both trees show the round that wrote it)", 0, max(lengths) - 1, key=key)
+    save(key)
+    return position
+
+
+def show_column(mode: str, trace: Trace, pruned: bool, position: int) -> None:
     st.subheader(f"{mode} ({'EAGLE-1 fixed tree' if mode == 'static' else 'EAGLE-2 dynamic tree'})")
     if not runner.is_complete(trace):
         st.caption("Interrupted before the end: showing the rounds that finished.")
     render.show_metrics(trace)
     render.show_tokens(trace)
-    step = render.pick_step(trace, key=f"cmp_step_{mode}_{st.session_state.get(RUN_ID, 0)}")
-    fig = tree_figure(step, show_pruned=pruned)
-    render.show_figure(render.compact(render.fit_tree(fig)), key=f"cmp_tree_{mode}")
-    exports.figure_download(fig, key=f"cmp_tree_dl_{mode}", stem=f"{mode}_tree_round_{step.step}")
+    index = round_at_position(trace.steps, position)
+    step, start = trace.steps[index], round_start(trace.steps, index)
+    st.caption(f"Round {step.step} wrote tokens {start}-{start + len(step.new_tokens) - 1}"
+               + (" (this run ended before the chosen token)" if position >= start + len(step.new_tokens) else ""))
+    if step.step == 0:
+        st.info("Round 0 is the prefill: no tree is drafted.")
+        return
+    render.show_figure(render.screen_tree(step, pruned, render.HALF_TREE_WIDTH), key=f"cmp_tree_{mode}")
+    exports.figure_download(tree_figure(step, show_pruned=pruned), key=f"cmp_tree_dl_{mode}",
+                            stem=f"{mode}_tree_round_{step.step}")
 
 
 def show_results(results: dict[str, Trace]) -> None:
     pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "cmp_pruned", False,
-                                      help="Off by default here: two full trees side by side get crowded")
+                                      help="Off by default: two full trees side by side get crowded")
+    position = pick_position(results)
     for mode, col in zip(MODES, st.columns(2)):
         if mode in results and results[mode].steps:
             with col:
-                show_column(mode, results[mode], pruned)
+                show_column(mode, results[mode], pruned, position)
     traces = [t for t in results.values() if t.steps]
     steps = steps_frame(traces)
     st.subheader("Side by side")
