@@ -188,7 +188,8 @@ def show_trace(trace: Trace, slots: Slots) -> None:
         render.show_figure(render.screen_tree(step, pruned), key="live_tree")
         st.dataframe(render.nodes_table(step), hide_index=True, key="live_nodes")
         st.subheader("Downloads")
-        exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}")
+        exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}",
+                                rebuild=lambda w: tree_figure(step, show_pruned=pruned, width=w))
         exports.trace_downloads([trace], key="live_trace", stem="trace", what="this run")
         runs = state.session_traces()
         exports.trace_downloads(runs, key="live_all", stem="session_traces", what=f"all {len(runs)} run(s)")

@@ -462,3 +462,25 @@ def test_tree_svg_labels_never_overlap() -> None:
     for i, (x, y) in enumerate(labels):
         for x2, y2 in labels[i + 1:]:
             assert x != x2 or abs(y - y2) >= font * 1.2  # one level's labels at least a line apart
+
+
+def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) -> None:
+    """Two columns = 7 in: a PDF 504 pt wide that embeds its fonts, an SVG 672 CSS px (7 in) wide, a
+    PNG of 7 in at 300 dpi; the tree is laid out afresh at the paper width (its labels fit it)."""
+    import re
+    import struct
+    from analysis.export import PAPER_WIDTHS, PaperSize, write_figures
+    paper = PaperSize(PAPER_WIDTHS["two columns (7 in)"])
+    if find_browser() is None:
+        pytest.skip("no Chrome/Chromium installed (apt-get install chromium)")
+    fig = F.tree_figure(wide_tree(20), width=paper.layout_width)
+    result = write_figures({"tree": fig}, tmp_path, ("pdf", "svg", "png"), paper=paper)
+    assert not result.messages, result.messages
+    pdf = (tmp_path / "tree.pdf").read_bytes()
+    box = re.search(rb"/MediaBox \[0 0 ([\d.]+) ([\d.]+)\]", pdf)
+    assert float(box.group(1)) == pytest.approx(504, abs=1)
+    assert b"/FontFile2" in pdf and b"LiberationSans" in pdf  # embedded (subset) TrueType fonts
+    svg = (tmp_path / "tree.svg").read_text(encoding="utf-8")
+    assert float(re.search(r'<svg[^>]* width="([\d.]+)"', svg).group(1)) == pytest.approx(672, abs=1)
+    width, _ = struct.unpack(">II", (tmp_path / "tree.png").read_bytes()[16:24])
+    assert width == pytest.approx(7 * 300, abs=2)

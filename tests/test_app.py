@@ -87,7 +87,9 @@ def test_live_generates_and_scrubs(live):
     assert trace.header.meta["finished"] in ("max_new_tokens", "eos")
     assert len(live.get("plotly_chart")) == 1 and len(live.dataframe) == 1
     slider = live.slider[0]
-    assert slider.value == len(trace.steps) - 1
+    best = max(range(1, len(trace.steps)), key=lambda i: (len(trace.steps[i].accepted), -i))
+    assert slider.value == best  # opens on the longest accepted path, and says so
+    assert any(c.value.startswith(f"Opened on round {best}: the longest accepted path") for c in live.caption)
     for step in (0, 1):  # the prefill (no draft) and the first drafted round
         slider.set_value(step).run()
         _no_trouble(live)
@@ -95,9 +97,10 @@ def test_live_generates_and_scrubs(live):
     assert live.session_state["live_run"] is trace
     spec = json.loads(live.get("plotly_chart")[0].proto.spec)
     assert spec["layout"]["title"]["text"].startswith("Round 1 (dynamic): ")  # "Round" as on the slider
-    assert spec["layout"]["height"] <= 640 and spec["layout"]["legend"]["yanchor"] == "bottom"
+    assert spec["layout"]["height"] <= 640 and spec["layout"]["margin"]["autoexpand"] is False
     labels = [b.label for b in live.get("download_button")]
     assert "Traces (JSONL): this run" in labels and len(labels) == len(set(labels))
+    assert {"PNG", "SVG", "PDF"} <= set(labels)  # the figure, in the "Download figure" popover
 
 
 def test_live_mode_and_seed_settings_rerun(live):

@@ -73,7 +73,8 @@ def show_column(mode: str, trace: Trace, pruned: bool, position: int) -> None:
         return
     render.show_figure(render.screen_tree(step, pruned, render.HALF_TREE_WIDTH), key=f"cmp_tree_{mode}")
     exports.figure_download(tree_figure(step, show_pruned=pruned), key=f"cmp_tree_dl_{mode}",
-                            stem=f"{mode}_tree_round_{step.step}")
+                            stem=f"{mode}_tree_round_{step.step}",
+                            rebuild=lambda w: tree_figure(step, show_pruned=pruned, width=w))
 
 
 def show_results(results: dict[str, Trace]) -> None:
