@@ -58,10 +58,12 @@ def _marker_sizes(counts: pd.Series) -> np.ndarray:
 
 # ---- reliability ----------------------------------------------------------------------------------
 def reliability_figure(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bins: int = 10,
-                       per_depth: bool = False) -> go.Figure:
-    """Reliability diagram: acceptance rate against mean prediction per bin, the diagonal, marker size
-    and a bar panel for the bin counts, the ECE in the title; per_depth adds one curve per depth."""
-    table = calibration_table(nodes, by, bins)
+                       per_depth: bool = False, min_count: int = 1) -> go.Figure:
+    """Reliability diagram: acceptance rate against mean prediction per bin with its 95 % Wilson
+    interval, the diagonal, marker size and a bar panel for the bin counts, the ECE in the title;
+    bins with fewer than min_count nodes are hollow grey markers, left out of the curve and the ECE;
+    per_depth adds one curve per depth. An empty bin is absent; a rate of 0 is a point at 0."""
+    table = calibration_table(nodes, by, bins, min_count=min_count)
     what = "draft confidence (given parent accepted)" if by == "confidence" else "path value"
     if table.empty:
         return _empty(f"Reliability of the {what}", "no verified nodes to measure")
@@ -69,33 +71,47 @@ def reliability_figure(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bi
                         vertical_spacing=0.04)
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
                              line=dict(color="#999", dash="dash")), row=1, col=1)
-    fig.add_trace(_reliability_curve(table, "all depths", "#222"), row=1, col=1)
+    enough, few = table[table["enough"]], table[~table["enough"]]
+    fig.add_trace(_reliability_curve(enough, "all depths (95 % Wilson interval)", "#222"), row=1, col=1)
+    if not few.empty:
+        fig.add_trace(go.Scatter(x=few["mean_pred"], y=few["rate"], mode="markers",
+                                 name=f"fewer than {min_count} nodes (not in ECE)",
+                                 marker=dict(symbol="circle-open", size=10, color="#999"),
+                                 customdata=few[["count"]], hovertemplate="n = %{customdata[0]}<extra></extra>"),
+                      row=1, col=1)
     if per_depth:
-        by_depth = calibration_table(nodes, by, bins, per_depth=True)
+        by_depth = calibration_table(nodes, by, bins, per_depth=True, min_count=min_count)
         for i, (depth, t) in enumerate(by_depth.groupby("depth")):
             name = f"depth {depth} (ECE {table_ece(t):.3f})"
-            fig.add_trace(_reliability_curve(t, name, PALETTE[i % len(PALETTE)], dash="dot"), row=1, col=1)
+            fig.add_trace(_reliability_curve(t[t["enough"]], name, PALETTE[i % len(PALETTE)], dash="dot",
+                                             bars=False), row=1, col=1)
     centers = (table["lo"] + table["hi"]) / 2
     fig.add_trace(go.Bar(x=centers, y=table["count"], width=1 / bins * 0.9, name="nodes per bin",
-                         marker_color="#8c9fb8", showlegend=False), row=2, col=1)
+                         marker_color=np.where(table["enough"], "#8c9fb8", "#d0d0d0"), showlegend=False),
+                  row=2, col=1)
     fig.update_xaxes(range=[0, 1], row=1, col=1)
     fig.update_xaxes(range=[0, 1], title_text=f"predicted ({by})", row=2, col=1)
-    fig.update_yaxes(range=[0, 1.02], title_text="empirical acceptance", row=1, col=1)
+    fig.update_yaxes(range=[-0.02, 1.02], title_text="empirical acceptance", row=1, col=1)
     fig.update_yaxes(title_text="count", row=2, col=1)
+    floor = f", bins of at least {min_count} nodes" if min_count > 1 else ""
     title = (f"Reliability of the {what}<br><sup>ECE = {table_ece(table):.3f} over "
-             f"{int(table['count'].sum())} nodes, {bins} bins</sup>")
+             f"{int(enough['count'].sum())} nodes, {bins} bins{floor}</sup>")
     fig = paper_layout(fig, title, height=850)
     fig.update_layout(legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     return fig
 
 
-def _reliability_curve(table: pd.DataFrame, name: str, color: str, dash: str = "solid") -> go.Scatter:
+def _reliability_curve(table: pd.DataFrame, name: str, color: str, dash: str = "solid",
+                       bars: bool = True) -> go.Scatter:
+    error = dict(type="data", array=table["ci_hi"] - table["rate"], arrayminus=table["rate"] - table["ci_lo"],
+                 color=color, thickness=1.2, width=4, visible=bars)
     return go.Scatter(x=table["mean_pred"], y=table["rate"], mode="lines+markers", name=name,
-                      line=dict(color=color, dash=dash, width=2),
+                      line=dict(color=color, dash=dash, width=2), error_y=error,
                       marker=dict(size=_marker_sizes(table["count"]), color=color),
-                      customdata=table[["count", "lo", "hi"]],
+                      customdata=table[["count", "lo", "hi", "ci_lo", "ci_hi"]],
                       hovertemplate="bin [%{customdata[1]:.2f}, %{customdata[2]:.2f})<br>"
-                                    "predicted %{x:.3f}<br>accepted %{y:.3f}<br>n = %{customdata[0]}"
+                                    "predicted %{x:.3f}<br>accepted %{y:.3f} "
+                                    "(95 %: %{customdata[3]:.3f}-%{customdata[4]:.3f})<br>n = %{customdata[0]}"
                                     "<extra></extra>")
 
 
@@ -117,43 +133,54 @@ def depth_rank_heatmap(nodes: pd.DataFrame) -> go.Figure:
                                hovertemplate="depth %{y}, rank %{x}: %{z:.3f}<extra></extra>"))
     fig.update_xaxes(title_text="sibling rank (0 = draft's best)", type="category")
     fig.update_yaxes(title_text="depth (1 = the root's children)", type="category", autorange="reversed")
-    return paper_layout(fig, title, height=max(450, 110 + 80 * len(rate.index)))
+    fig = paper_layout(fig, f"{title}<br><sup>grey: no node at that depth and rank (a rate of 0 is white)</sup>",
+                       height=max(450, 110 + 80 * len(rate.index)))
+    return fig.update_layout(plot_bgcolor="#d9d9d9")
 
 
-def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static") -> go.Figure:
-    """Acceptance of each fixed tree position: mean over prompts with a std error bar, the quartiles
-    as open markers."""
+MIN_PROMPTS_FOR_SPREAD = 5  # fewer prompts than this: no quartile ticks (two points have no spread)
+
+
+def static_position_figure(nodes: pd.DataFrame, mode: str | None = "static", min_count: int = 1) -> go.Figure:
+    """Acceptance of each tree position: the pooled rate with its 95 % Wilson interval, a dot on
+    every bar (a rate of 0 is a dot on the axis; a position with no node has neither), the quartiles
+    over prompts as ticks when there are at least MIN_PROMPTS_FOR_SPREAD prompts; positions with
+    fewer than min_count nodes are left out (said in the subtitle)."""
     what = "Static tree: acceptance" if mode == "static" else "Acceptance"
     title = f"{what} per position (given parent accepted)"
-    table = static_position_table(nodes, mode)
+    full = static_position_table(nodes, mode)
+    table = full[full["count"] >= min_count]
     if table.empty:
-        return _empty(title, f"no {'static-tree ' if mode == 'static' else ''}rounds in these traces")
-    std = table["std"].fillna(0.0)  # one prompt: no spread
-    # Clip the std bars to [0, 1]: a rate cannot leave it, and the bars would suggest it could.
-    up, down = np.minimum(std, 1 - table["mean"]), np.minimum(std, table["mean"])
+        why = (f"no position has {min_count} or more nodes" if not full.empty
+               else f"no {'static-tree ' if mode == 'static' else ''}rounds in these traces")
+        return _empty(title, why)
+    spread = int(table["traces"].max()) >= MIN_PROMPTS_FOR_SPREAD
     fig = go.Figure()
     for i, (depth, t) in enumerate(table.groupby("depth", sort=True)):
         color = PALETTE[i % len(PALETTE)]
-        # n on every bar: a 1.0 bar from a single node must not read like a measured certainty.
-        fig.add_trace(go.Bar(x=t["position"], y=t["mean"], name=f"depth {depth}", marker_color=color,
-                             text=[f"n={c}" for c in t["count"]], textposition="inside", insidetextanchor="start",
-                             textangle=-90, textfont=dict(size=11),
-                             error_y=dict(type="data", array=up.loc[t.index], arrayminus=down.loc[t.index],
-                                          color="#333"),
-                             customdata=t[["std", "q25", "q75", "traces", "count"]],
-                             hovertemplate="%{x}: mean %{y:.3f} ± %{customdata[0]:.3f}<br>IQR "
-                                           "[%{customdata[1]:.3f}, %{customdata[2]:.3f}]<br>"
-                                           "%{customdata[3]} prompts, %{customdata[4]} rounds"
-                                           "<extra></extra>"))
-        for q in ("q25", "q75"):
+        fig.add_trace(go.Bar(x=t["position"], y=t["rate"], name=f"depth {depth}", marker_color=color,
+                             error_y=dict(type="data", array=t["ci_hi"] - t["rate"],
+                                          arrayminus=t["rate"] - t["ci_lo"], color="#333"),
+                             customdata=t[["ci_lo", "ci_hi", "traces", "count"]],
+                             hovertemplate="%{x}: %{y:.3f} (95 %: %{customdata[0]:.3f}-%{customdata[1]:.3f})<br>"
+                                           "%{customdata[2]} prompts, %{customdata[3]} nodes<extra></extra>"))
+        # n above every bar, on a dot: a 1.0 from one node must not read like a certainty, and a 0
+        # must not read like a missing position.
+        fig.add_trace(go.Scatter(x=t["position"], y=t["rate"], mode="markers+text", showlegend=False,
+                                 text=[f"n={c}" for c in t["count"]], textposition="top center",
+                                 textfont=dict(size=10), marker=dict(size=7, color="#333"), hoverinfo="skip"))
+        for q in ("q25", "q75") if spread else ():
             fig.add_trace(go.Scatter(x=t["position"], y=t[q], mode="markers", showlegend=False,
                                      marker=dict(symbol="line-ew-open", size=14, color="#333"),
                                      hoverinfo="skip"))
-    n = int(table["traces"].max())
     fig.update_xaxes(title_text="position (sibling ranks from the root)", type="category", tickangle=-60,
                      tickfont=dict(size=12))
-    fig.update_yaxes(title_text="acceptance rate", range=[0, 1.05])
-    note = f"bars: mean over {n} prompt(s); error bars: std (clipped to [0, 1]); ticks: quartiles"
+    fig.update_yaxes(title_text="acceptance rate", range=[-0.02, 1.12])
+    n = int(table["traces"].max())
+    note = (f"bars: pooled rate over {n} prompt(s); whiskers: 95 % Wilson interval"
+            + ("; ticks: quartiles over prompts" if spread else "")
+            + (f"; {len(full) - len(table)} position(s) with fewer than {min_count} nodes left out"
+               if len(full) > len(table) else ""))
     return paper_layout(fig, f"{title}<br><sup>{note}</sup>", height=650)
 
 

@@ -247,7 +247,7 @@ def test_figure_labels_name_what_they_show() -> None:
     nodes = T.nodes_frame([trace(rounds)])
     spread = F.static_position_figure(nodes, mode=None)  # dynamic traces: no "Static tree" title
     assert spread.layout.title.text.startswith("Acceptance per position")
-    assert list(spread.data[0].text) == ["n=3"]  # every bar says how many nodes it rests on
+    assert list(spread.data[1].text) == ["n=3"]  # every bar says how many nodes it rests on
     static = F.static_position_figure(T.nodes_frame([trace(one_child_steps(0.8, 2, 1, "static"), "static")]))
     assert static.layout.title.text.startswith("Static tree: acceptance per position")
     assert F.tree_figure(rounds[0]).layout.title.text.startswith("Round 1 (dynamic): 1 draft token(s)")
@@ -484,3 +484,59 @@ def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) ->
     assert float(re.search(r'<svg[^>]* width="([\d.]+)"', svg).group(1)) == pytest.approx(672, abs=1)
     width, _ = struct.unpack(">II", (tmp_path / "tree.png").read_bytes()[16:24])
     assert width == pytest.approx(7 * 300, abs=2)
+
+
+def test_calibration_has_wilson_intervals_and_a_minimum_count() -> None:
+    """Bin [0.2, 0.3): 12 nodes, 3 accepted; bin [0.7, 0.8): 4 nodes, 4 accepted. With min_count 5 the
+    small bin stays in the table (marked) but leaves the ECE and the curve."""
+    from eagle.stats import wilson_interval
+    quarter = [step(i + 1, [root(), *[node(j + 1, 0, 1, 0.25, rank=j, accepted=j == 0) for j in range(4)]])
+               for i in range(3)]
+    threes = [step(i + 10, [root(), node(1, 0, 1, 0.75, accepted=True)]) for i in range(4)]
+    nodes = T.nodes_frame([trace(quarter + threes)])
+    table = T.calibration_table(nodes, "confidence", bins=10, min_count=5)
+    assert table["enough"].tolist() == [True, False]
+    assert (table.loc[0, "ci_lo"], table.loc[0, "ci_hi"]) == pytest.approx(wilson_interval(3, 12))
+    assert T.table_ece(table) == pytest.approx(0.0)  # only the 0.25 bin, exactly calibrated
+    assert T.table_ece(T.calibration_table(nodes, "confidence", bins=10)) > 0
+    fig = F.reliability_figure(nodes, "confidence", 10, min_count=5)
+    curve = next(t for t in fig.data if t.name.startswith("all depths"))
+    assert list(curve.x) == [0.25] and curve.error_y.array[0] > 0
+    assert any(t.name == "fewer than 5 nodes (not in ECE)" for t in fig.data)
+    with pytest.raises(ValueError, match="min_count"):
+        T.calibration_table(nodes, min_count=0)
+
+
+def test_a_zero_rate_is_drawn_and_a_missing_position_is_not() -> None:
+    """A position accepted 0 times of 3 has a dot at 0 with its n and a Wilson whisker above 0; the
+    heatmap draws missing cells grey, distinct from a rate of 0."""
+    rounds = one_child_steps(0.8, 3, hits=0)
+    nodes = T.nodes_frame([trace(rounds)])
+    fig = F.static_position_figure(nodes, mode=None)
+    bar, dots = fig.data[0], fig.data[1]
+    assert list(bar.y) == [0.0] and bar.error_y.array[0] > 0.2  # 0 of 3 is not "certainly 0"
+    assert list(dots.y) == [0.0] and list(dots.text) == ["n=3"]
+    assert "quartiles" not in fig.layout.title.text  # one prompt: no spread drawn
+    assert "no position has 5" in F.static_position_figure(nodes, mode=None, min_count=5).layout.annotations[0].text
+    assert F.depth_rank_heatmap(nodes).layout.plot_bgcolor == "#d9d9d9"
+
+
+def test_compare_table_in_words_with_baselines() -> None:
+    traces = [trace(one_child_steps(0.7, 4, 3)), trace(one_child_steps(0.4, 3, 1, "static"), "static"),
+              trace(one_child_steps(0.0, 5, 0, "vanilla"), "vanilla")]
+    for t, seconds in zip(traces, (1.0, 1.0, 2.0)):
+        t.header.meta["seconds"] = seconds
+    summary = T.mode_summary(T.steps_frame(traces), T.trace_seconds(traces))
+    table = T.with_baseline_rows(summary, [{"mode": "hf_pld", "new_tokens": 10, "target_forwards": 5,
+                                            "seconds": 1.0}])
+    assert table["mode"].tolist() == ["vanilla", "hf_pld", "static", "dynamic"]
+    words = T.plain_summary(table)
+    assert list(words.columns) == ["vanilla (no draft)", "prompt lookup (HF generate)", "static tree (EAGLE-1)",
+                                   "dynamic tree (EAGLE-2)"]
+    vanilla_rate = summary.set_index("mode").loc["vanilla", "tokens_per_s"]
+    assert words.loc["Speed-up over vanilla (tokens per second)", "prompt lookup (HF generate)"] == \
+        f"{10 / vanilla_rate:.2f}x"
+    assert words.loc["Tokens per target forward (τ)", "prompt lookup (HF generate)"] == "2.00"
+    assert words.loc["Nodes verified per round, mean", "prompt lookup (HF generate)"] == "–"  # no rounds
+    assert "–" in T.plain_summary(T.with_baseline_rows(summary[summary["mode"] != "vanilla"], [])).loc[
+        "Speed-up over vanilla (tokens per second)"].tolist()

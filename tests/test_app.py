@@ -154,8 +154,12 @@ def test_calibration_on_session_traces(traces):
     assert at.metric[0].label.startswith("ECE")
     at.checkbox(key="cal_per_depth").check().run()
     at.radio(key="cal_by").set_value("value").run()
+    at.number_input(key="cal_min_count").set_value(1).run()
     _no_trouble(at)
     assert len(at.get("plotly_chart")) == 1
+    at.selectbox(key="cal_mode_filter").set_value("dynamic").run()  # only the traces of that mode
+    _no_trouble(at)
+    assert at.metric[0].label.startswith("ECE")
 
 
 def test_calibration_reports_corrupt_lines(traces, tmp_path):
@@ -184,8 +188,9 @@ def test_acceptance_page(traces):
     at.run()
     _no_trouble(at)
     assert len(at.get("plotly_chart")) == 2
-    at.selectbox(key="acc_mode").set_value("dynamic").run()
+    at.selectbox(key="acc_mode_filter").set_value("dynamic").run()
     _no_trouble(at)
+    assert at.selectbox(key="acc_head_filter").options[0] == "all"
 
 
 def test_analysis_pages_without_traces():
@@ -202,11 +207,18 @@ def test_compare_runs_both_modes():
     at.button(key="cmp_run").click().run()
     _no_trouble(at)
     results = at.session_state["cmp_results"]
-    assert set(results) == {"static", "dynamic"}
+    assert set(results) == {"static", "dynamic", "vanilla"}
     assert all(t.header.meta["finished"] for t in results.values())
     assert len(at.get("plotly_chart")) == 3  # two trees and the accepted-length histogram
-    at.slider(key=f"cmp_step_static_{at.session_state['cmp_run_id']}").set_value(1).run()
+    table = at.table[0].value  # in words, with the baselines and the speed-up
+    assert list(table.columns) == ["vanilla (no draft)", "prompt lookup (HF generate)", "static tree (EAGLE-1)",
+                                   "dynamic tree (EAGLE-2)"]
+    assert table.loc["Speed-up over vanilla (tokens per second)", "vanilla (no draft)"] == "1.00x"
+    assert table.loc["Tokens generated", "prompt lookup (HF generate)"] == "6"
+    # One slider of generated positions lines the two trees up on the token they wrote.
+    at.slider(key=f"cmp_position_{at.session_state['cmp_run_id']}").set_value(1).run()
     _no_trouble(at)
+    assert sum(c.value.startswith("Round 1 wrote tokens 1-") for c in at.caption) == 2
 
 
 def test_budget_page_shows_the_choice_and_curve():
