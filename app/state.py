@@ -11,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.config import DecodeConfig
+from eagle.config import DecodeConfig, ModelLimits
 from eagle.head import AnyHead, head_identity, resolve_head
 from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
@@ -46,6 +46,11 @@ class Models:
     # the torch thread (hashing converts every weight, a torch call no script thread may make: app.worker)
     head_identity: dict[str, str | dict | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def limits(self) -> ModelLimits:
+        """What the settings' inputs are bounded by: the target's context and vocabulary."""
+        return ModelLimits(self.target.max_context, int(self.target.config.vocab_size))
 
     @property
     def head_trained(self) -> bool:

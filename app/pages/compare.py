@@ -117,7 +117,8 @@ def main() -> None:
     st.title("Static vs dynamic")
     models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
-    cfg, error = settings_form("cmp", modes=False, auto=lambda: state.auto_budget(models))
+    cfg, error = settings_form("cmp", modes=False, auto=lambda: state.auto_budget(models),
+                               limits=models.limits)
     seed("cmp_prompt", "")
     prompt = st.text_input("Prompt", key="cmp_prompt", placeholder="Write a haiku about draft trees.")
     save("cmp_prompt")

@@ -41,7 +41,7 @@ def main() -> None:
         report.update(state.auto_budget(models))
         return report
 
-    cfg, error = settings_form("live", auto=auto)
+    cfg, error = settings_form("live", auto=auto, limits=models.limits)
     prompt = live.prompt_box()
     if error:
         st.error(error)
