@@ -123,12 +123,18 @@ def nodes_table(step: StepRecord) -> pd.DataFrame:
 # The narrowest the tree charts are drawn at on a 1280 px window with the sidebar open (labels are
 # elided to fit it; a wider window only gives them more room) and the tallest that keeps the chart
 # and its legend in view.
-LIVE_TREE_WIDTH, HALF_TREE_WIDTH, TREE_MAX_HEIGHT = 860, 420, 560
+LIVE_TREE_WIDTH, HALF_TREE_WIDTH, TREE_MAX_HEIGHT = 860, 420, 520
 
 
 def screen_tree(step: StepRecord, show_pruned: bool, width: int = LIVE_TREE_WIDTH) -> go.Figure:
     """The round's tree as drawn on screen: capped in height, labels fitted to `width`."""
     return tree_figure(step, show_pruned=show_pruned, width=width, max_height=TREE_MAX_HEIGHT)
+
+
+def first_screen_css() -> None:
+    """Less empty space above the title (Streamlit's default top padding is 6 rem), so the prompt, the
+    text and the tree fit a 1280 x 800 window. Drawn once per script run, not while streaming."""
+    st.html("<style>.stMainBlockContainer, .block-container {padding-top: 2.5rem}</style>")
 
 
 def svg_image(svg: str, css_class: str) -> str:

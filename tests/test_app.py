@@ -61,7 +61,9 @@ def live() -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     _no_trouble(at)
     assert "Type a prompt" in at.info[0].value
-    assert at.expander[0].label == "How to read this page" and "bonus token" in at.markdown[0].value
+    help_popover = at.get("popover")[0]  # the explainer, out of the way of the first screen
+    assert help_popover.proto.popover.label == "How to read this page"
+    assert any("bonus token" in m.value for m in at.markdown)
     assert at.sidebar.radio(key="live_budget").value == "auto"  # the machine-tuned tree by default
     assert at.sidebar.selectbox(key="dtype").value == "auto"
     assert any(c.value.startswith("Expected ") for c in at.sidebar.caption)
@@ -275,7 +277,7 @@ def test_page_switch_keeps_prompt_settings_and_result(live):
     assert {k: live.session_state[k] for k in before} == before
     assert live.slider[0].value == 1
     assert live.session_state["_saved_widgets"]["live_prompt"] == "Name three colours."
-    assert live.expander[0].label == "How to read this page"
+    assert live.get("popover")[0].proto.popover.label == "How to read this page"
 
 
 def test_manual_budget_starts_from_auto():

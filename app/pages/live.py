@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live, render, state
 from app.settings import budget_policy, settings_form
 
 INTRO = """
@@ -30,8 +30,12 @@ round that accepted many drafts.
 
 
 def main() -> None:
-    st.title("Live explorer")
-    with st.expander("How to read this page", expanded=not state.session_traces()):
+    render.first_screen_css()
+    title, help_col = st.columns([5, 1], vertical_alignment="bottom")
+    title.title("Live explorer")
+    # A popover, not an expander: the explainer is about 450 px tall and would push the prompt, the
+    # text and the tree below a 1280 x 800 window's fold.
+    with help_col.popover("How to read this page", icon=":material/help:"):
         st.markdown(INTRO)
     models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
