@@ -72,13 +72,13 @@ def settle_stop() -> None:
         state.add_trace(trace)
 
 
-def needs_run(trace: Trace | None, prompt: str, cfg: DecodeConfig, budget: str) -> bool:
+def needs_run(trace: Trace | None, prompt: str | list[dict], cfg: DecodeConfig, budget: str) -> bool:
     """New prompt or settings, or the last run was interrupted by a rerun (not by Stop)."""
     asked = st.session_state.get(REQUEST)
     return trace is None or asked != runner.request_key(prompt, cfg, budget) or not runner.is_complete(trace)
 
 
-def long_prompt_ok(models: state.Models, prompt: str, cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
+def long_prompt_ok(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
     """Short prompts run at once; a long one first shows its size and an estimated time, and runs
     when the user says so. Unencodable prompts pass: generate() reports them in one sentence."""
     try:
@@ -134,7 +134,7 @@ class Throttle:
         return True
 
 
-def generate(models: state.Models, prompt: str, cfg: DecodeConfig, budget: str, slots: Slots) -> Trace | None:
+def generate(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig, budget: str, slots: Slots) -> Trace | None:
     def waiting() -> None:  # behind another session's generation
         slots.metrics.info(runner.WAIT_MESSAGE)  # where the streamed element will be
 

@@ -121,10 +121,11 @@ def last_step(trace: Trace) -> StepRecord | None:
     return trace.steps[-1] if trace.steps else None
 
 
-def request_key(prompt: str, cfg: DecodeConfig, budget: str) -> tuple[str, str, str]:
+def request_key(prompt: str | list[dict], cfg: DecodeConfig, budget: str) -> tuple[str, str, str]:
     """What a run was asked for: the prompt, the sidebar's settings and the budget policy (the trace
     header holds the tree the policy chose for the prompt, which may differ from the sidebar's)."""
-    return prompt, json.dumps(asdict(cfg), sort_keys=True), budget
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)  # a conversation
+    return text, json.dumps(asdict(cfg), sort_keys=True), budget
 
 
 def prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig, on_wait: OnWait) -> dict:

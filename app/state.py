@@ -4,6 +4,7 @@ Imports flow app -> analysis -> eagle; nothing here is persisted: traces live in
 until the user downloads them."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -171,7 +172,9 @@ def add_trace(trace: Trace) -> None:
 
 
 def trace_key(trace: Trace) -> tuple:
-    return trace.header.prompt, tuple(sorted(trace.header.config.items()))
+    # a conversation's earlier turns and system prompt are in meta["messages"]: part of what was asked
+    messages = json.dumps(trace.header.meta.get("messages"), sort_keys=True)
+    return trace.header.prompt, messages, tuple(sorted(trace.header.config.items()))
 
 
 def run_label(index: int, trace: Trace) -> str:

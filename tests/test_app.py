@@ -435,3 +435,32 @@ def test_token_html_escapes_text(traces):
     out = token_html([step])
     assert "<script>" not in out and "&lt;script&gt;" in out and "&amp; more" in out
     json.dumps(out)  # plain text, no objects leaking in
+
+
+def test_multiline_prompt_system_prompt_and_chat_turns():
+    """The multi-line editor keeps line breaks and emoji; a system prompt and the kept turns reach the
+    decoder as messages through the chat template (the trace's meta records them)."""
+    at = _page("live").run()
+    _set(at, "live", **SMALL)
+    at.toggle(key="live_multiline").set_value(True).run()
+    text = "Line one 🙂\nLine two."
+    at.text_area(key="live_prompt_area").set_value(text)
+    at.text_area(key="live_system").set_value("Answer briefly.")
+    at.run()
+    _no_trouble(at)
+    first = at.session_state["live_run"]
+    assert first.header.prompt == text  # the line break and the emoji intact
+    assert first.header.meta["messages"] == [{"role": "system", "content": "Answer briefly."},
+                                             {"role": "user", "content": text}]
+    at.toggle(key="live_chat").set_value(True).run()
+    at.button(key="live_keep_turn").click().run()
+    assert at.text_area(key="live_prompt_area").value == ""  # cleared for the next message
+    at.text_area(key="live_prompt_area").set_value("And a third line?")
+    at.run()
+    _no_trouble(at)
+    second = at.session_state["live_run"]
+    roles = [m["role"] for m in second.header.meta["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert second.header.meta["messages"][2]["content"] == "".join(s.new_text for s in first.steps)
+    assert [c.proto.chat_message.name for c in at.get("chat_message")] == ["user", "assistant"] or \
+        len(at.get("chat_message")) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, render, state
+from app import prompt as prompt_ui
 from app.settings import budget_policy, settings_form
 
 INTRO = """
@@ -46,12 +47,14 @@ def main() -> None:
         return report
 
     cfg, error = settings_form("live", auto=auto, limits=models.limits)
-    prompt = live.prompt_box()
+    prompt_ui.show_history()
+    text = prompt_ui.editor()
+    prompt = prompt_ui.conversation(text, prompt_ui.system_prompt())
     if error:
         st.error(error)
         return
     live.settle_stop()
-    if not prompt.strip():
+    if not text.strip():
         st.info("Type a prompt to start: each pause in typing (or Enter) decodes it with these settings.")
         return
     if not live.long_prompt_ok(models, prompt, cfg, lambda: report or state.auto_budget(models)):
@@ -62,6 +65,7 @@ def main() -> None:
     if live.needs_run(trace, prompt, cfg, budget):
         trace = live.generate(models, prompt, cfg, budget, slots)
     if trace is not None:
+        prompt_ui.keep_turn_button(trace, text)
         live.show_trace(trace, slots)
 
 
