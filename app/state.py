@@ -1,7 +1,7 @@
 """Process-wide model pair (shared by every session) and this session's UI state.
 
-Imports flow app -> analysis -> eagle; nothing here is persisted: traces live in st.session_state
-until the user downloads them."""
+Imports flow app -> analysis -> eagle; traces live in st.session_state, and every finished or stopped
+one is also kept in the run history on disk (app.history)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
 
-from . import worker
+from . import history, worker
 from .persist import save, seed
 
 TRACES_KEY = "traces"  # list[Trace]: every finished or stopped generation of this session
@@ -164,11 +164,18 @@ def session_traces() -> list[Trace]:
     return st.session_state.setdefault(TRACES_KEY, [])
 
 
-def add_trace(trace: Trace) -> None:
-    """Keep a finished or stopped trace; a rerun of the same prompt and config replaces the old one."""
+def add_trace(trace: Trace, keep: bool = True) -> None:
+    """Keep a finished or stopped trace; a rerun of the same prompt and config replaces the old one.
+    It is also kept in the run history on disk (app.history) unless `keep` is False (a run the user
+    just loaded from there)."""
     traces = [t for t in session_traces() if trace_key(t) != trace_key(trace)]
     traces.append(trace)
     st.session_state[TRACES_KEY] = traces[-MAX_TRACES:]
+    if keep:
+        try:
+            history.RunStore().add(trace)
+        except (history.HistoryError, OSError) as err:  # the run itself is fine: say so, go on
+            st.warning(f"This run was not saved to the run history: {err}.")
 
 
 def trace_key(trace: Trace) -> tuple:

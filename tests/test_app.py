@@ -462,5 +462,21 @@ def test_multiline_prompt_system_prompt_and_chat_turns():
     roles = [m["role"] for m in second.header.meta["messages"]]
     assert roles == ["system", "user", "assistant", "user"]
     assert second.header.meta["messages"][2]["content"] == "".join(s.new_text for s in first.steps)
-    assert [c.proto.chat_message.name for c in at.get("chat_message")] == ["user", "assistant"] or \
-        len(at.get("chat_message")) == 2
+    assert [c.name for c in at.chat_message] == ["user", "assistant"]  # the kept turn, above the box
+
+
+def test_history_page_lists_reopens_and_deletes(traces):
+    """The live fixture's runs were kept on disk (the test's EAGLE_CACHE): the page lists them, opens
+    one into a fresh session and deletes it."""
+    from app.history import RunStore
+    before = RunStore().runs()
+    assert len(before) >= 1
+    at = _page("history").run()
+    _no_trouble(at)
+    assert len(at.dataframe[0].value) == len(before)
+    at.button(key="hist_open").click().run()
+    _no_trouble(at)
+    assert at.success and len(at.session_state["traces"]) == 1
+    at.button(key="hist_delete").click().run()
+    _no_trouble(at)
+    assert len(RunStore().runs()) == len(before) - 1
