@@ -22,10 +22,13 @@ CHAT_ON, HISTORY = "live_chat", "live_chat_history"  # the toggle; the kept turn
 def editor() -> str:
     """The user's message: the as-you-type box, or the multi-line editor (always in chat mode). Both
     share the saved prompt, so switching keeps the text."""
-    multi = _remembered(st.toggle, MULTI, False, "Multi-line editor",
-                        help="Line breaks kept (code, chat, several paragraphs); Ctrl+Enter generates")
-    chat = _remembered(st.toggle, CHAT_ON, False, "Chat (several turns)",
-                       help="Each kept reply becomes part of the conversation the next message continues")
+    c1, c2, _ = st.columns([1, 1, 2])  # one row: the first screen has no height to spare
+    with c1:
+        multi = _remembered(st.toggle, MULTI, False, "Multi-line editor",
+                            help="Line breaks kept (code, chat, several paragraphs); Ctrl+Enter generates")
+    with c2:
+        chat = _remembered(st.toggle, CHAT_ON, False, "Chat (several turns)",
+                           help="Each kept reply becomes part of the conversation the next message continues")
     if not (multi or chat):
         return live.prompt_box()
     seed(AREA, saved().get(live.PROMPT_KEY, ""))
