@@ -225,7 +225,7 @@ def test_compare_runs_both_modes():
     assert list(table.columns) == ["vanilla (no draft)", "prompt lookup (HF generate)", "static tree (EAGLE-1)",
                                    "dynamic tree (EAGLE-2)"]
     assert table.loc["Speed-up over vanilla (tokens per second)", "vanilla (no draft)"] == "1.00x"
-    assert table.loc["Tokens generated", "prompt lookup (HF generate)"] == "6"
+    assert 1 <= int(table.loc["Tokens generated", "prompt lookup (HF generate)"]) <= 6  # eos may end it early
     # One slider of generated positions lines the two trees up on the token they wrote.
     at.slider(key=f"cmp_position_{at.session_state['cmp_run_id']}").set_value(1).run()
     _no_trouble(at)
