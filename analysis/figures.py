@@ -53,7 +53,7 @@ def _empty(title: str, why: str, height: int = 500) -> go.Figure:
 def _marker_sizes(counts: pd.Series) -> np.ndarray:
     """Marker area grows with the bin's count (sqrt), between 8 and 34 px across."""
     root = np.sqrt(counts.to_numpy(dtype=float))
-    return 8 + 26 * root / max(root.max(), 1.0)
+    return 8 + 26 * root / max(root.max(initial=0.0), 1.0)  # no bins (all below the minimum): no sizes
 
 
 # ---- reliability ----------------------------------------------------------------------------------
@@ -94,7 +94,9 @@ def reliability_figure(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bi
     fig.update_yaxes(range=[-0.02, 1.02], title_text="empirical acceptance", row=1, col=1)
     fig.update_yaxes(title_text="count", row=2, col=1)
     floor = f", bins of at least {min_count} nodes" if min_count > 1 else ""
-    title = (f"Reliability of the {what}<br><sup>ECE = {table_ece(table):.3f} over "
+    ece = table_ece(table)
+    score = f"ECE = {ece:.3f}" if ece == ece else f"ECE n/a: no bin holds {min_count} nodes"
+    title = (f"Reliability of the {what}<br><sup>{score} over "
              f"{int(enough['count'].sum())} nodes, {bins} bins{floor}</sup>")
     fig = paper_layout(fig, title, height=850)
     fig.update_layout(legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))

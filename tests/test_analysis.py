@@ -503,6 +503,8 @@ def test_calibration_has_wilson_intervals_and_a_minimum_count() -> None:
     curve = next(t for t in fig.data if t.name.startswith("all depths"))
     assert list(curve.x) == [0.25] and curve.error_y.array[0] > 0
     assert any(t.name == "fewer than 5 nodes (not in ECE)" for t in fig.data)
+    sparse = F.reliability_figure(nodes, "confidence", 10, min_count=1000)  # every bin too small: still a figure
+    assert "ECE n/a: no bin holds 1000 nodes over 0 nodes" in sparse.layout.title.text
     with pytest.raises(ValueError, match="min_count"):
         T.calibration_table(nodes, min_count=0)
 
