@@ -68,10 +68,45 @@ def _size(fig: go.Figure) -> tuple[int, int]:
     return int(fig.layout.width or 1200), int(fig.layout.height or 700)
 
 
+# Paper widths (inches) of a journal or conference page's one and two columns.
+PAPER_WIDTHS = {"one column (3.5 in)": 3.5, "two columns (7 in)": 7.0}
+PX_PER_IN, PT_PER_PX = 96, 0.75  # the browser's CSS pixel: kaleido's PDF is 0.75 pt per layout pixel
+# A paper figure is laid out at 1.5x its printed size and drawn at 2/3: the layouts' 18 px text prints at
+# 9 pt, the usual caption size, and the 13 px tree labels at 6.5 pt.
+PAPER_DRAW = 2 / 3
+PAPER_DPI = 300  # PNG at paper size
+
+
+@dataclass(frozen=True)
+class PaperSize:
+    """How to lay out and draw a figure `inches` wide: the layout width in px and the scales that make
+    vector output (SVG in CSS px, PDF in pt) and PNG (at PAPER_DPI) exactly that wide."""
+    inches: float
+
+    @property
+    def layout_width(self) -> int:
+        return round(self.inches * PX_PER_IN / PAPER_DRAW)
+
+    def scale(self, fmt: str) -> float:
+        if fmt in ("png", "jpeg", "webp"):
+            return self.inches * PAPER_DPI / self.layout_width
+        return PAPER_DRAW
+
+    def fit(self, fig: go.Figure) -> go.Figure:
+        """A copy at the layout width; the height follows the aspect ratio, but not below 60 % of the
+        original (a 1200 x 700 figure squeezed to 504 x 294 has no room for its 18 px text)."""
+        width, height = _size(fig)
+        ratio = self.layout_width / width
+        return go.Figure(fig).update_layout(width=self.layout_width, height=round(height * max(ratio, 0.6)))
+
+
 def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[str, ...] = ("png", "svg"),
-                  scale: float = 1.0) -> ExportResult:
-    """Write each figure as NAME.FORMAT at its layout's size (times `scale` for raster formats). Without
-    a browser, or if the browser fails, write NAME.html instead and say why."""
+                  scale: float = 1.0, paper: PaperSize | None = None) -> ExportResult:
+    """Write each figure as NAME.FORMAT at its layout's size (times `scale` for raster formats), or,
+    with `paper`, exactly paper.inches wide (a figure whose layout depends on its width, like the tree,
+    should be built at paper.layout_width first). PDF embeds its fonts (subsets, by Chromium); SVG names
+    them (Liberation Sans, then Arial). Without a browser, or if the browser fails, write NAME.html
+    instead and say why."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     bad = [f for f in formats if f not in STATIC_FORMATS]
@@ -80,10 +115,7 @@ def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[st
     browser = find_browser()
     if browser is None:
         return _write_html(figs, out, f"no browser found: {INSTALL_HINT}; wrote HTML instead")
-    jobs = [{"fig": fig, "path": out / f"{name}.{fmt}",
-             "opts": {"format": fmt, "width": _size(fig)[0], "height": _size(fig)[1],
-                      "scale": scale if fmt in ("png", "jpeg", "webp") else 1}}
-            for name, fig in figs.items() for fmt in formats]
+    jobs = [_job(name, fig, fmt, out, scale, paper) for name, fig in figs.items() for fmt in formats]
     for job in jobs:  # a stale file from an earlier run must not pass for a fresh one
         job["path"].unlink(missing_ok=True)
     errors = _kaleido_write(jobs, browser)
@@ -97,6 +129,17 @@ def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[st
         result.written += fallback.written
         result.messages += fallback.messages
     return result
+
+
+def _job(name: str, fig: go.Figure, fmt: str, out: Path, scale: float, paper: PaperSize | None) -> dict:
+    if paper is not None:
+        fig = paper.fit(fig) if _size(fig)[0] != paper.layout_width else fig
+        scale = paper.scale(fmt)
+    elif fmt not in ("png", "jpeg", "webp"):
+        scale = 1
+    width, height = _size(fig)
+    return {"fig": fig, "path": out / f"{name}.{fmt}",
+            "opts": {"format": fmt, "width": width, "height": height, "scale": scale}}
 
 
 def _kaleido_write(jobs: list[dict], browser: str) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from eagle.stats import mean, speedup, tau, tokens_per_second
+from eagle.stats import mean, speedup, tau, tokens_per_second, wilson_interval
 from eagle.config import MODES
 # The record -> row tables live in eagle.frames (so eagle.explore can return them); re-exported here.
 from eagle.frames import (  # noqa: F401
@@ -49,13 +49,23 @@ def calibration_sample(nodes: pd.DataFrame, by: CalibrationBy = "confidence") ->
     return sample.rename(columns={by: "pred", "accepted": "hit"}).astype({"pred": float, "hit": float})
 
 
+def with_wilson(table: pd.DataFrame) -> pd.DataFrame:
+    """ci_lo and ci_hi: the 95 % Wilson interval of accepted / count on every row."""
+    ci = [wilson_interval(a, n) for a, n in zip(table["accepted"], table["count"])]
+    return table.assign(ci_lo=[lo for lo, _ in ci], ci_hi=[hi for _, hi in ci])
+
+
 def calibration_table(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bins: int = 10,
-                      per_depth: bool = False) -> pd.DataFrame:
+                      per_depth: bool = False, min_count: int = 1) -> pd.DataFrame:
     """Equal-width bins of the prediction on [0, 1]: mean prediction, empirical acceptance rate,
-    count and accepted per (depth and) bin. Empty bins are left out. See calibration_sample for
-    which nodes count and what the event is."""
+    count and accepted per (depth and) bin, the rate's 95 % Wilson interval, and `enough` (the bin
+    holds at least min_count nodes; table_ece and the figure use only those). Empty bins are left
+    out: a missing bin is no data, a rate of 0 is a measurement. See calibration_sample for which
+    nodes count and what the event is."""
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
     sample = calibration_sample(nodes, by)
     inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
     # Clip: float products can land a hair outside [0, 1]; 1.0 belongs to the last bin.
@@ -67,11 +77,15 @@ def calibration_table(nodes: pd.DataFrame, by: CalibrationBy = "confidence", bin
              .reset_index())
     table.insert(len(keys), "lo", table["bin"] / bins)
     table.insert(len(keys) + 1, "hi", (table["bin"] + 1) / bins)
-    return table.astype({"count": int, "accepted": int})
+    table = with_wilson(table.astype({"count": int, "accepted": int}))
+    return table.assign(enough=table["count"] >= min_count)
 
 
 def table_ece(table: pd.DataFrame) -> float:
-    """Count-weighted mean |rate - mean prediction| over the rows of a calibration table."""
+    """Count-weighted mean |rate - mean prediction| over the rows of a calibration table (only the
+    bins with enough nodes, when the table says which)."""
+    if "enough" in table:
+        table = table[table["enough"]]
     total = table["count"].sum()
     if total == 0:
         return float("nan")
@@ -106,7 +120,7 @@ def _position_key(position: str) -> tuple[int, tuple[int, ...]]:
 def static_position_table(nodes: pd.DataFrame, mode: str | None = "static") -> pd.DataFrame:
     """Acceptance (given the parent was accepted) of each fixed tree position ("0-1-0": rank path
     from the root), measured per trace (prompt), then its mean, std, quartiles over traces; `rate` is
-    the pooled rate over all rounds. mode=None pools every mode."""
+    the pooled rate over all rounds, with its 95 % Wilson interval. mode=None pools every mode."""
     sample = _eligible(nodes if mode is None else nodes[nodes["mode"] == mode])
     per_trace = (sample.groupby(["position", "trace"])["accepted"]
                  .agg(["mean", "size", "sum"]).reset_index())
@@ -118,6 +132,7 @@ def static_position_table(nodes: pd.DataFrame, mode: str | None = "static") -> p
         "accepted": grouped["sum"].sum()}).reset_index()
     table.insert(1, "depth", [_position_key(p)[0] for p in table["position"]])
     table["rate"] = table["accepted"] / table["count"]
+    table = with_wilson(table)
     order = sorted(range(len(table)), key=lambda i: _position_key(table["position"].iloc[i]))
     return table.iloc[order].reset_index(drop=True)
 
@@ -203,3 +218,44 @@ def mode_summary(steps: pd.DataFrame, seconds: pd.Series | None = None) -> pd.Da
     reference = vanilla.iloc[0] if len(vanilla) else np.nan
     table["speedup"] = [speedup(rate, reference) for rate in table["tokens_per_s"]]
     return table
+
+
+# ---- the Compare page's table, in words -----------------------------------------------------------
+MODE_NAMES = {"vanilla": "vanilla (no draft)", "hf_pld": "prompt lookup (HF generate)",
+              "static": "static tree (EAGLE-1)", "dynamic": "dynamic tree (EAGLE-2)"}
+PLAIN_ROWS = {  # mode_summary column -> (what it is, in words; format)
+    "new_tokens": ("Tokens generated", "{:.0f}"),
+    "target_forwards": ("Target forward passes", "{:.0f}"),
+    "tau": ("Tokens per target forward (τ)", "{:.2f}"),
+    "mean_accept_length": ("Tokens per round, mean (accepted drafts + bonus)", "{:.2f}"),
+    "mean_tree_size": ("Nodes verified per round, mean", "{:.1f}"),
+    "seconds": ("Wall-clock seconds", "{:.2f}"),
+    "tokens_per_s": ("Tokens per second", "{:.1f}"),
+    "draft_share": ("Share of the time spent drafting", "{:.0%}"),
+    "speedup": ("Speed-up over vanilla (tokens per second)", "{:.2f}x"),
+}
+
+
+def with_baseline_rows(summary: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """mode_summary plus modes that leave no trace (prompt lookup through HF generate: new_tokens,
+    target_forwards, seconds), their tau and tokens/s computed as for every mode, and the speed-up
+    over vanilla recomputed; the tree columns of such a row stay NaN (it has no rounds)."""
+    extra = [{**r, "tau": tau(r["new_tokens"], r["target_forwards"]),
+              "tokens_per_s": tokens_per_second(r["new_tokens"], r["seconds"])} for r in rows]
+    table = pd.concat([summary, pd.DataFrame(extra)], ignore_index=True) if extra else summary.copy()
+    vanilla = table.loc[table["mode"] == "vanilla", "tokens_per_s"]
+    reference = vanilla.iloc[0] if len(vanilla) else np.nan
+    table["speedup"] = [speedup(rate, reference) for rate in table["tokens_per_s"]]
+    order = ["vanilla", "hf_pld", "static", "dynamic"]
+    return table.sort_values("mode", key=lambda m: m.map(lambda x: order.index(x) if x in order else 9),
+                             kind="stable").reset_index(drop=True)
+
+
+def plain_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One column per mode under its plain name, one row per measure in words, values formatted
+    ("–" where a measure does not apply: a tree size for vanilla, a speed-up without vanilla)."""
+    out = {}
+    for _, row in table.iterrows():
+        out[MODE_NAMES.get(row["mode"], row["mode"])] = [
+            "–" if pd.isna(row.get(col)) else fmt.format(row[col]) for col, (_, fmt) in PLAIN_ROWS.items()]
+    return pd.DataFrame(out, index=[name for name, _ in PLAIN_ROWS.values()])

@@ -72,13 +72,13 @@ def settle_stop() -> None:
         state.add_trace(trace)
 
 
-def needs_run(trace: Trace | None, prompt: str, cfg: DecodeConfig, budget: str) -> bool:
+def needs_run(trace: Trace | None, prompt: str | list[dict], cfg: DecodeConfig, budget: str) -> bool:
     """New prompt or settings, or the last run was interrupted by a rerun (not by Stop)."""
     asked = st.session_state.get(REQUEST)
     return trace is None or asked != runner.request_key(prompt, cfg, budget) or not runner.is_complete(trace)
 
 
-def long_prompt_ok(models: state.Models, prompt: str, cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
+def long_prompt_ok(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
     """Short prompts run at once; a long one first shows its size and an estimated time, and runs
     when the user says so. Unencodable prompts pass: generate() reports them in one sentence."""
     try:
@@ -134,7 +134,7 @@ class Throttle:
         return True
 
 
-def generate(models: state.Models, prompt: str, cfg: DecodeConfig, budget: str, slots: Slots) -> Trace | None:
+def generate(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig, budget: str, slots: Slots) -> Trace | None:
     def waiting() -> None:  # behind another session's generation
         slots.metrics.info(runner.WAIT_MESSAGE)  # where the streamed element will be
 
@@ -178,17 +178,18 @@ def show_trace(trace: Trace, slots: Slots) -> None:
         return
     with slots.controls.container():
         step = render.pick_step(trace, key=f"live_step_{st.session_state.get(RUN_ID, 0)}")
-        pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "live_pruned", True)
+        pruned = render.remembered_toggle("Show reranked-away nodes (faded)", "live_pruned", False)
     if step.step == 0:
         slots.chart.info("Round 0 is the prefill: the target reads the prompt and produces the first token; "
                          "no tree is drafted. Pick a later round to see one.")
         return
-    fig = tree_figure(step, show_pruned=pruned)
+    fig = tree_figure(step, show_pruned=pruned)  # the paper layout, for the downloads
     with slots.chart.container():
-        render.show_figure(render.fit_tree(fig), key="live_tree")
+        render.show_figure(render.screen_tree(step, pruned), key="live_tree")
         st.dataframe(render.nodes_table(step), hide_index=True, key="live_nodes")
         st.subheader("Downloads")
-        exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}")
+        exports.figure_download(fig, key="live_fig", stem=f"tree_round_{step.step}",
+                                rebuild=lambda w: tree_figure(step, show_pruned=pruned, width=w))
         exports.trace_downloads([trace], key="live_trace", stem="trace", what="this run")
         runs = state.session_traces()
         exports.trace_downloads(runs, key="live_all", stem="session_traces", what=f"all {len(runs)} run(s)")

@@ -20,6 +20,7 @@ def main() -> None:
         st.Page(PAGES / "acceptance.py", title="Acceptance by position", icon=":material/grid_on:"),
         st.Page(PAGES / "compare.py", title="Static vs dynamic", icon=":material/compare:"),
         st.Page(PAGES / "budget.py", title="Tree budget", icon=":material/tune:"),
+        st.Page(PAGES / "history.py", title="Run history", icon=":material/history:"),
     ])
     nav.run()
 

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analysis.figures import best_round, tree_figure
 from eagle.stats import tokens_per_second
 from eagle.trace import StepRecord, Trace
 
@@ -89,14 +90,18 @@ def _finish_note(trace: Trace) -> str:
 
 
 def pick_step(trace: Trace, key: str) -> StepRecord:
-    """A slider over every round of the trace (the last one by default); its position is
-    remembered across page switches."""
+    """A slider over every round of the trace, opening on the most informative one (the longest
+    accepted path, said in a caption); its position is remembered across page switches."""
     n = len(trace.steps)
     if n < 2:  # a slider needs min < max
         return trace.steps[0]
-    seed(key, n - 1)
+    best = best_round(trace.steps)
+    seed(key, best)
     idx = st.slider("Round (scrub back through every draft tree)", 0, n - 1, key=key)
     save(key)
+    if idx == best:
+        st.caption(f"Opened on round {trace.steps[best].step}: the longest accepted path of this run "
+                   f"({max(0, len(trace.steps[best].accepted) - 1)} draft token(s) + bonus).")
     return trace.steps[idx]
 
 
@@ -115,27 +120,21 @@ def nodes_table(step: StepRecord) -> pd.DataFrame:
     return frame.sort_values(["kept", "depth", "rank"], ascending=[False, True, True])
 
 
-def fit_tree(fig: go.Figure, max_height: int = 640) -> go.Figure:
-    """Paper-layout trees grow 30 px per row; on screen, cap the height to fit a 1000 px window
-    with the legend visible (plotly zooms for detail), move the legend above the tree and shrink
-    the labels to match. Returns a copy: exports keep the paper layout."""
-    fig = go.Figure(fig)
-    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", font_size=13),
-                      margin=dict(t=110, b=20))
-    if (fig.layout.height or 0) > max_height:
-        fig.update_layout(height=max_height)
-        fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
-    return fig
+# The narrowest the tree charts are drawn at on a 1280 px window with the sidebar open (labels are
+# elided to fit it; a wider window only gives them more room) and the tallest that keeps the chart
+# and its legend in view.
+LIVE_TREE_WIDTH, HALF_TREE_WIDTH, TREE_MAX_HEIGHT = 860, 420, 520
 
 
-def compact(fig: go.Figure) -> go.Figure:
-    """The paper layout's 18 px fonts crowd a half-width column: a copy with smaller text and margins."""
-    fig = go.Figure(fig)
-    # The title sits left of plotly's toolbar (top right) and the margin leaves it room.
-    fig.update_layout(font_size=12, title=dict(font_size=14, x=0.01, xanchor="left", y=0.98, yanchor="top"),
-                      margin=dict(l=10, r=10, t=110, b=10), legend=dict(orientation="h", font_size=11))
-    fig.update_traces(textfont_size=10, selector=dict(mode="markers+text"))
-    return fig
+def screen_tree(step: StepRecord, show_pruned: bool, width: int = LIVE_TREE_WIDTH) -> go.Figure:
+    """The round's tree as drawn on screen: capped in height, labels fitted to `width`."""
+    return tree_figure(step, show_pruned=show_pruned, width=width, max_height=TREE_MAX_HEIGHT)
+
+
+def first_screen_css() -> None:
+    """Less empty space above the title (Streamlit's default top padding is 6 rem), so the prompt, the
+    text and the tree fit a 1280 x 800 window. Drawn once per script run, not while streaming."""
+    st.html("<style>.stMainBlockContainer, .block-container {padding-top: 2.5rem}</style>")
 
 
 def svg_image(svg: str, css_class: str) -> str:

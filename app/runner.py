@@ -121,7 +121,27 @@ def last_step(trace: Trace) -> StepRecord | None:
     return trace.steps[-1] if trace.steps else None
 
 
-def request_key(prompt: str, cfg: DecodeConfig, budget: str) -> tuple[str, str, str]:
+def request_key(prompt: str | list[dict], cfg: DecodeConfig, budget: str) -> tuple[str, str, str]:
     """What a run was asked for: the prompt, the sidebar's settings and the budget policy (the trace
     header holds the tree the policy chose for the prompt, which may differ from the sidebar's)."""
-    return prompt, json.dumps(asdict(cfg), sort_keys=True), budget
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)  # a conversation
+    return text, json.dumps(asdict(cfg), sort_keys=True), budget
+
+
+def prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig, on_wait: OnWait) -> dict:
+    """The same prompt through Hugging Face `generate` with prompt lookup decoding on the same target
+    (eagle.tools.bench's hf_pld runner): one row for the Compare table, no trace (HF records no
+    rounds). Holds the lock like a decode; runs on the torch thread."""
+    _acquire(models, on_wait)
+    try:
+        return worker.wait(worker.submit(_prompt_lookup, models, ids, cfg), on_wait)
+    finally:
+        models.lock.release()
+
+
+def _prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig) -> dict:
+    from eagle.tools.bench import HFRunner  # deferred: the bench module pulls in its datasets
+    t0 = time.perf_counter()
+    tokens, forwards, _ = HFRunner(models.target, cfg, "hf_pld")(ids)
+    return {"mode": "hf_pld", "new_tokens": len(tokens), "target_forwards": forwards,
+            "seconds": time.perf_counter() - t0}

@@ -1,13 +1,16 @@
-"""Decoding settings widgets. Inputs are deliberately unclamped: DecodeConfig.validate() owns the
-ranges, so an out-of-range value shows its one-sentence reason instead of being silently clipped.
-Every widget is remembered across page switches (app.persist)."""
+"""Decoding settings widgets. Every number input is bounded by what the model and the decoder can do
+(DecodeConfig's RANGES, the model's context and vocabulary, the largest whole number a browser holds
+exactly), and its help says the bound in one sentence; the browser refuses a value outside it. The
+config is then validated against the model too (DecodeConfig.validate(limits)), so a setting that passes
+the inputs but not the model still gets its one-sentence reason. Every widget is remembered across page
+switches (app.persist)."""
 from __future__ import annotations
 
 from typing import Callable
 
 import streamlit as st
 
-from eagle.config import MODES, PRESETS, DecodeConfig
+from eagle.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
 from eagle.tools.budget import vanilla_name
 
 from . import benchmarks
@@ -21,6 +24,27 @@ DEFAULTS = DecodeConfig(mode="dynamic", max_new_tokens=48, total_tokens=PRESETS[
 BUDGETS = ("auto", "adaptive", "manual")
 POLICIES = {"auto": "auto", "adaptive": "adaptive", "manual": "fixed"}  # radio -> eagle.tools.session's budget
 TREE_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
+BROWSER_INT_MAX = 2**53 - 1  # a browser's number input holds whole numbers exactly up to here
+SEED_HELP = f"0 to {BROWSER_INT_MAX:,}: the largest whole number a browser holds exactly"
+
+
+def bounds(name: str, limits: ModelLimits | None) -> tuple[int, int]:
+    """The inclusive range of an integer setting's input: DecodeConfig's, narrowed by the model."""
+    lo, hi = RANGES.get(name, (0, BROWSER_INT_MAX))
+    if name == "max_new_tokens" and limits is not None:
+        hi = min(hi, limits.max_context - 1)
+    if name == "draft_vocab":
+        hi = limits.vocab_size if limits is not None else BROWSER_INT_MAX
+    return lo, min(hi, BROWSER_INT_MAX)
+
+
+def _int_input(sb, prefix: str, name: str, label: str, limits: ModelLimits | None, step: int = 1,
+               why: str = "") -> int:
+    lo, hi = bounds(name, limits)
+    default = min(max(getattr(DEFAULTS, name), lo), hi)
+    text = SEED_HELP if name == "seed" else f"{lo:,} to {hi:,}{why}"
+    return _widget(sb.number_input, f"{prefix}_{name}", default, label, min_value=lo, max_value=hi, step=step,
+                   help=text)
 
 
 def _widget(make: Callable, key: str, default, *args, **kwargs):
@@ -30,10 +54,11 @@ def _widget(make: Callable, key: str, default, *args, **kwargs):
     return value
 
 
-def settings_form(prefix: str, modes: bool = True,
-                  auto: Callable[[], dict] | None = None) -> tuple[DecodeConfig | None, str | None]:
+def settings_form(prefix: str, modes: bool = True, auto: Callable[[], dict] | None = None,
+                  limits: ModelLimits | None = None) -> tuple[DecodeConfig | None, str | None]:
     """Sidebar widgets (keys prefixed per page) -> (config, None) or (None, error sentence).
-    `auto` returns the auto-budget report; with it the tree budget defaults to the machine-tuned one."""
+    `auto` returns the auto-budget report; with it the tree budget defaults to the machine-tuned one.
+    `limits` (the loaded model's) bound max new tokens and the draft vocabulary."""
     sb = st.sidebar
     sb.header("Decoding settings")
     mode = _widget(sb.selectbox, f"{prefix}_mode", DEFAULTS.mode, "Mode", MODES,
@@ -41,10 +66,11 @@ def settings_form(prefix: str, modes: bool = True,
                         "context-aware tree") if modes else DEFAULTS.mode
     values = dict(
         temperature=_widget(sb.number_input, f"{prefix}_temperature", DEFAULTS.temperature,
-                            "Temperature (0 = greedy)", step=0.1),
-        max_new_tokens=_widget(sb.number_input, f"{prefix}_max_new_tokens", DEFAULTS.max_new_tokens,
-                               "Max new tokens", step=8),
-        seed=_widget(sb.number_input, f"{prefix}_seed", DEFAULTS.seed, "Seed", step=1),
+                            "Temperature (0 = greedy)", min_value=0.0, max_value=TEMPERATURE_MAX, step=0.1,
+                            help=f"0 to {TEMPERATURE_MAX:g}: beyond that, sampling is as good as uniform"),
+        max_new_tokens=_int_input(sb, prefix, "max_new_tokens", "Max new tokens", limits, step=8,
+                                  why=": the model's context, less one prompt token" if limits else ""),
+        seed=_int_input(sb, prefix, "seed", "Seed", limits),
     )
     budgets = BUDGETS if auto else BUDGETS[-1:]
     budget = _widget(sb.radio, f"{prefix}_budget", budgets[0], "Tree budget", budgets, horizontal=True,
@@ -57,8 +83,8 @@ def settings_form(prefix: str, modes: bool = True,
         report = auto()
         st.session_state[f"{prefix}_auto_chosen"] = report["chosen"]
         show_expectation(report)
-        return build_config(mode, **values, **report["chosen"])
-    return build_config(mode, **values, **tree_inputs(prefix))
+        return build_config(mode, limits, **values, **report["chosen"])
+    return build_config(mode, limits, **values, **tree_inputs(prefix, limits))
 
 
 def budget_policy(prefix: str, mode: str) -> str:
@@ -87,24 +113,23 @@ def show_expectation(report: dict) -> None:
     st.sidebar.caption(text)
 
 
-def tree_inputs(prefix: str) -> dict:
+def tree_inputs(prefix: str, limits: ModelLimits | None = None) -> dict:
     sb = st.sidebar
     return dict(
-        total_tokens=_widget(sb.number_input, f"{prefix}_total_tokens", DEFAULTS.total_tokens,
-                             "Tree size (total_tokens)", step=1, help="Nodes verified per round, root included"),
-        depth=_widget(sb.number_input, f"{prefix}_depth", DEFAULTS.depth, "Expansion steps (--depth)", step=1,
-                      help="Draft expansions after the root's children: the tree reaches depth "
-                           "(levels below the root) of this + 1; 0 verifies only the root's children"),
-        top_k=_widget(sb.number_input, f"{prefix}_top_k", DEFAULTS.top_k, "Top-k per expansion", step=1),
-        draft_vocab=_widget(sb.number_input, f"{prefix}_draft_vocab", DEFAULTS.draft_vocab,
-                            "Draft vocabulary (0 = full)", step=1024,
-                            help="Score only the K most frequent tokens while drafting; "
-                                 "verification stays exact"),
+        total_tokens=_int_input(sb, prefix, "total_tokens", "Tree size (total_tokens)", limits,
+                                why=": nodes verified per round, root included"),
+        depth=_int_input(sb, prefix, "depth", "Expansion steps (--depth)", limits,
+                         why=": draft expansions after the root's children, so the tree reaches depth "
+                             "(levels below the root) of this + 1; 0 verifies only the root's children"),
+        top_k=_int_input(sb, prefix, "top_k", "Top-k per expansion", limits),
+        draft_vocab=_int_input(sb, prefix, "draft_vocab", "Draft vocabulary (0 = full)", limits, step=1024,
+                               why=" (the model's vocabulary): score only the K most frequent tokens while "
+                                   "drafting; verification stays exact"),
     )
 
 
-def build_config(mode: str, **values) -> tuple[DecodeConfig | None, str | None]:
+def build_config(mode: str, limits: ModelLimits | None = None, **values) -> tuple[DecodeConfig | None, str | None]:
     try:
-        return DecodeConfig(mode=mode, **values).validate(), None
+        return DecodeConfig(mode=mode, **values).validate(limits), None
     except (ValueError, TypeError) as err:
         return None, f"Invalid setting: {err}."

@@ -115,3 +115,24 @@ def report(loaded: Loaded) -> None:
         st.warning(f"Skipped {total} corrupt line(s) while reading ({detail}).")
     if loaded.traces:
         st.caption(f"{len(loaded.traces)} trace(s), {sum(len(t.steps) for t in loaded.traces)} rounds.")
+
+
+ALL = "all"
+
+
+def head_name(trace: Trace) -> str:
+    """The head a trace was drafted with, as the filter lists it (vanilla traces have none)."""
+    return trace.header.head or "no head (vanilla)"
+
+
+def filter_traces(traces: list[Trace], prefix: str) -> list[Trace]:
+    """Mode and head filters over the picked traces: calibration pooled over static and dynamic trees,
+    or over two heads, would average two different predictors."""
+    c1, c2 = st.columns(2)
+    modes = sorted({t.header.config.get("mode", "?") for t in traces})
+    heads = sorted({head_name(t) for t in traces})
+    mode = c1.selectbox("Mode", [ALL, *modes], key=f"{prefix}_mode_filter",
+                        help="static: EAGLE-1's fixed tree; dynamic: EAGLE-2's reranked tree")
+    head = c2.selectbox("Draft head", [ALL, *heads], key=f"{prefix}_head_filter")
+    return [t for t in traces if mode in (ALL, t.header.config.get("mode", "?"))
+            and head in (ALL, head_name(t))]

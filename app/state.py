@@ -1,9 +1,10 @@
 """Process-wide model pair (shared by every session) and this session's UI state.
 
-Imports flow app -> analysis -> eagle; nothing here is persisted: traces live in st.session_state
-until the user downloads them."""
+Imports flow app -> analysis -> eagle; traces live in st.session_state, and every finished or stopped
+one is also kept in the run history on disk (app.history)."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -11,13 +12,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.config import DecodeConfig
+from eagle.config import DecodeConfig, ModelLimits
 from eagle.head import AnyHead, head_identity, resolve_head
 from eagle.tools.budget import auto_config
 from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
 from eagle.trace import Trace
 
-from . import worker
+from . import history, worker
 from .persist import save, seed
 
 TRACES_KEY = "traces"  # list[Trace]: every finished or stopped generation of this session
@@ -46,6 +47,11 @@ class Models:
     # the torch thread (hashing converts every weight, a torch call no script thread may make: app.worker)
     head_identity: dict[str, str | dict | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def limits(self) -> ModelLimits:
+        """What the settings' inputs are bounded by: the target's context and vocabulary."""
+        return ModelLimits(self.target.max_context, int(self.target.config.vocab_size))
 
     @property
     def head_trained(self) -> bool:
@@ -158,15 +164,24 @@ def session_traces() -> list[Trace]:
     return st.session_state.setdefault(TRACES_KEY, [])
 
 
-def add_trace(trace: Trace) -> None:
-    """Keep a finished or stopped trace; a rerun of the same prompt and config replaces the old one."""
+def add_trace(trace: Trace, keep: bool = True) -> None:
+    """Keep a finished or stopped trace; a rerun of the same prompt and config replaces the old one.
+    It is also kept in the run history on disk (app.history) unless `keep` is False (a run the user
+    just loaded from there)."""
     traces = [t for t in session_traces() if trace_key(t) != trace_key(trace)]
     traces.append(trace)
     st.session_state[TRACES_KEY] = traces[-MAX_TRACES:]
+    if keep:
+        try:
+            history.RunStore().add(trace)
+        except (history.HistoryError, OSError) as err:  # the run itself is fine: say so, go on
+            st.warning(f"This run was not saved to the run history: {err}.")
 
 
 def trace_key(trace: Trace) -> tuple:
-    return trace.header.prompt, tuple(sorted(trace.header.config.items()))
+    # a conversation's earlier turns and system prompt are in meta["messages"]: part of what was asked
+    messages = json.dumps(trace.header.meta.get("messages"), sort_keys=True)
+    return trace.header.prompt, messages, tuple(sorted(trace.header.config.items()))
 
 
 def run_label(index: int, trace: Trace) -> str:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import torch
 
-from .config import TEMPERATURE_MAX
+from .config import SEED_MAX, TEMPERATURE_MAX
 from .target import parse_device
-
-SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; keeping to the signed range leaves room for seed + offset
 
 # The range of each numeric flag, by argparse dest: (least, greatest or None for no bound). One table
 # for every command, so a flag two commands share (--batch, --vocab-k) has one range; 0 is allowed

@@ -8,6 +8,18 @@ Mode = Literal["vanilla", "static", "dynamic"]
 MODES: tuple[str, ...] = ("vanilla", "static", "dynamic")
 BUDGETS: tuple[str, ...] = ("fixed", "auto", "adaptive")  # tree budget policies (eagle.tools.session)
 TEMPERATURE_MAX = 10.0  # beyond this, sampling is as good as uniform: a larger value is a typo
+SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; keeping to the signed range leaves room for seed + offset
+# Inclusive ranges of the integer fields validate() checks without a model (a front end bounds its
+# inputs by the same numbers).
+RANGES: dict[str, tuple[int, int]] = {"max_new_tokens": (1, 100_000), "total_tokens": (1, 1024),
+                                      "depth": (0, 32), "top_k": (1, 64), "seed": (0, SEED_MAX)}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the loaded model can do: its context length and vocabulary size."""
+    max_context: int
+    vocab_size: int
 
 
 @dataclass(frozen=True)
@@ -26,20 +38,29 @@ class DecodeConfig:
     # Reduced draft vocabulary: score only the K most frequent tokens (0 = the full vocabulary).
     draft_vocab: int = 0
 
-    def validate(self) -> "DecodeConfig":
-        """Raise ValueError with one clear sentence for any out-of-range field."""
-        checks = [
-            (self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
-            (1 <= self.max_new_tokens <= 100_000, f"max_new_tokens must be in 1..100000, got {self.max_new_tokens}"),
+    def validate(self, limits: ModelLimits | None = None) -> "DecodeConfig":
+        """Raise ValueError with one clear sentence for any out-of-range field; with `limits`, also
+        for what the model cannot do (more new tokens than its context, a draft vocabulary larger
+        than its vocabulary)."""
+        checks = [(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")]
+        checks += [(lo <= getattr(self, name) <= hi, f"{name} must be in {lo}..{hi}, got {getattr(self, name)}")
+                   for name, (lo, hi) in RANGES.items()]
+        checks += [
             (0.0 <= self.temperature <= TEMPERATURE_MAX,
              f"temperature must be in [0, {TEMPERATURE_MAX:g}], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k_sampling >= 0, f"top_k_sampling must be >= 0, got {self.top_k_sampling}"),
-            (1 <= self.total_tokens <= 1024, f"total_tokens must be in 1..1024, got {self.total_tokens}"),
-            (0 <= self.depth <= 32, f"depth must be in 0..32, got {self.depth}"),
-            (1 <= self.top_k <= 64, f"top_k must be in 1..64, got {self.top_k}"),
             (self.draft_vocab >= 0, f"draft_vocab must be >= 0, got {self.draft_vocab}"),
         ]
+        if limits is not None:
+            checks += [
+                (self.max_new_tokens < limits.max_context,
+                 f"max_new_tokens {self.max_new_tokens} is more than the model's context of "
+                 f"{limits.max_context} tokens can hold (at most {limits.max_context - 1})"),
+                (self.draft_vocab <= limits.vocab_size,
+                 f"draft_vocab {self.draft_vocab} is larger than the model's vocabulary of {limits.vocab_size} "
+                 "tokens (0 uses all of it)"),
+            ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)

@@ -50,3 +50,18 @@ def mean_rate(runs: Iterable[tuple[float, float]]) -> float:
     """Spec-Bench's mean speed: the mean over (tokens, seconds) runs of tokens/s, leaving out runs
     with no time (as its script does); NaN when none is left."""
     return mean(r for r in (tokens_per_second(n, s) for n, s in runs) if not math.isnan(r))
+
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
+
+
+def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a rate successes / n (95 % by default): unlike the normal
+    approximation it stays inside [0, 1] and is not zero-width at a rate of 0 or 1 from a few trials,
+    which is where the draft's per-bin and per-position rates live. (NaN, NaN) for n = 0."""
+    if n <= 0:
+        return NAN, NAN
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)

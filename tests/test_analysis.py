@@ -174,14 +174,15 @@ def test_tree_layout_is_tidy() -> None:
 
 def test_tree_figure_marks_bonus_path_and_pruned() -> None:
     s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1, kept=False)])
-    fig = F.tree_figure(s)
+    fig = F.tree_figure(s, show_pruned=True)
     names = [t.name for t in fig.data]
     assert "bonus (target's token)" in names and "accepted path" in names
     path = next(t for t in fig.data if t.name == "accepted path")
     assert len([x for x in path.x if x is not None]) == 4  # root->1 and 1->bonus
     nodes = next(t for t in fig.data if t.name == "draft node")
     assert list(nodes.marker.opacity) == [1.0, 1.0, 0.25]
-    assert len(F.tree_figure(s, show_pruned=False).data[2].x) == 2
+    assert len(F.tree_figure(s).data[2].x) == 2  # reranked-away nodes are hidden by default
+    assert "1 reranked away (hidden)" in F.tree_figure(s).layout.title.text
     assert isinstance(F.tree_figure(prefill()), go.Figure)  # no tree: just the token
 
 
@@ -195,8 +196,8 @@ def test_tree_svg_draws_what_tree_figure_draws() -> None:
     svg = ET.fromstring(tree_svg(s))
     ns = "{http://www.w3.org/2000/svg}"
     assert svg.get("class") == CSS_CLASS
-    circles = svg.findall(f"{ns}circle")
-    assert len(circles) == 3 and sorted(c.get("opacity") for c in circles) == ["0.25", "1.0", "1.0"]
+    circles = svg.findall(f"{ns}circle")  # the reranked-away node is left out, as in the finished view
+    assert len(circles) == 2 and [c.get("opacity") for c in circles] == ["1.0", "1.0"]
     red = [e for e in svg.findall(f"{ns}line")
            if e.get("stroke") == F.ACCEPT_COLOR and e.get("stroke-width") == "4"]
     assert len(red) == 3  # root->1, 1->bonus, and the legend's sample
@@ -246,7 +247,7 @@ def test_figure_labels_name_what_they_show() -> None:
     nodes = T.nodes_frame([trace(rounds)])
     spread = F.static_position_figure(nodes, mode=None)  # dynamic traces: no "Static tree" title
     assert spread.layout.title.text.startswith("Acceptance per position")
-    assert list(spread.data[0].text) == ["n=3"]  # every bar says how many nodes it rests on
+    assert list(spread.data[1].text) == ["n=3"]  # every bar says how many nodes it rests on
     static = F.static_position_figure(T.nodes_frame([trace(one_child_steps(0.8, 2, 1, "static"), "static")]))
     assert static.layout.title.text.startswith("Static tree: acceptance per position")
     assert F.tree_figure(rounds[0]).layout.title.text.startswith("Round 1 (dynamic): 1 draft token(s)")
@@ -370,3 +371,174 @@ def test_figures_never_crash_on_random_traces(traces: list[Trace]) -> None:
     nodes, steps = T.nodes_frame(traces), T.steps_frame(traces)
     for fig in build_figures(traces, nodes, steps).values():
         assert isinstance(fig, go.Figure) and fig.layout.width == 1200
+
+
+# ---- the tree view: informative round, aligned rounds, labels that never overlap -------------------
+def wide_tree(n: int = 60, accepted_depth: int = 3) -> StepRecord:
+    """A root with a long accepted chain and many siblings of long, wide-character tokens."""
+    nodes = [root()]
+    for d in range(1, accepted_depth + 1):
+        nodes.append(node(d, d - 1, d, 0.9, accepted=True))
+    for i in range(accepted_depth + 1, n):
+        parent = (i % accepted_depth) + 1 if i % 3 else 0
+        depth = next(x.depth for x in nodes if x.id == parent) + 1
+        nodes.append(NodeRecord(i, parent, depth, 100 + i, "長い token 🙂" * (i % 2 + 1), 0.5 / (i % 7 + 1),
+                                0.1, i, i % 4 != 0, False, 0.5))
+    return step(1, nodes)
+
+
+def label_boxes(fig: go.Figure) -> list[tuple[float, float, float, float]]:
+    """(x0, y0, x1, y1) in pixels of every drawn label, from the figure's own axes and margins."""
+    import html as h
+    import re
+    from analysis.labels import GAP, text_px
+    lay = fig.layout
+    plot_w = lay.width - lay.margin.l - lay.margin.r
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    (x0, x1), (y0, y1) = lay.xaxis.range, lay.yaxis.range
+    boxes = []
+    for tr in fig.data:
+        if tr.mode != "markers+text":
+            continue
+        for x, y, text in zip(tr.x, tr.y, tr.text):
+            if not text:
+                continue
+            plain = h.unescape(re.sub("<[^>]+>", "", text))
+            px = lay.margin.l + (x - x0) / (x1 - x0) * plot_w + GAP
+            py = lay.margin.t + (y1 - y) / (y1 - y0) * plot_h
+            font = tr.textfont.size
+            boxes.append((px, py - 0.55 * font, px + text_px(plain, font), py + 0.55 * font))
+    return boxes
+
+
+@pytest.mark.parametrize("width,max_height,pruned", [(420, 560, True), (860, 560, False), (1200, None, True)])
+def test_tree_labels_never_overlap_and_nothing_is_clipped(width, max_height, pruned) -> None:
+    fig = F.tree_figure(wide_tree(), show_pruned=pruned, width=width, max_height=max_height)
+    boxes = label_boxes(fig)
+    assert len(boxes) >= 4  # at least the root, the accepted chain's labels and the bonus
+    for i, a in enumerate(boxes):
+        assert 0 <= a[0] and a[2] <= fig.layout.width and 0 <= a[1] and a[3] <= fig.layout.height
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    bonus = next(t for t in fig.data if t.name == "bonus (target's token)")
+    assert bonus.cliponaxis is False and fig.layout.yaxis.range[0] <= bonus.y[0] - 0.4
+    if max_height:
+        assert fig.layout.height <= max_height
+
+
+def test_tree_legend_matches_the_markers() -> None:
+    """Nodes are circles coloured by confidence: the legend says so with circle samples, the mixed
+    node trace (square root, circles of every colour) stays out of it."""
+    fig = F.tree_figure(wide_tree(12), show_pruned=True)
+    shown = {t.name: t for t in fig.data if t.showlegend is not False}
+    assert "draft node" not in shown
+    assert shown["draft node, low confidence"].marker.symbol == "circle"
+    assert shown["root (last committed token)"].marker.symbol == "square"
+    assert "reranked away (faded)" in shown and "faded = reranked away" in fig.layout.title.text
+    assert "reranked away (faded)" not in {t.name for t in F.tree_figure(wide_tree(12)).data}
+
+
+def test_best_round_and_rounds_by_generated_position() -> None:
+    rounds = [step(1, [root(), node(1, 0, 1, 0.9, accepted=True)], new=1),
+              step(2, [root(), node(1, 0, 1, 0.9, accepted=True), node(2, 1, 2, 0.9, accepted=True)], new=2),
+              step(3, [root(), node(1, 0, 1, 0.9, accepted=True), node(2, 1, 2, 0.9, accepted=True)], new=2),
+              step(4, [root()], new=0)]
+    steps = trace(rounds).steps  # the prefill writes token 0, the rounds 1, 2, 2 and 0 tokens
+    assert F.best_round(steps) == 2  # the longest accepted path, the earliest of two equals
+    assert F.best_round([prefill()]) == 0
+    # prefill: token 0; round 1: token 1; round 2: tokens 2-3; round 3: tokens 4-5; round 4: none
+    assert [F.round_at_position(steps, p) for p in range(6)] == [0, 1, 2, 2, 3, 3]
+    assert F.round_at_position(steps, 99) == 4 and F.round_start(steps, 3) == 4
+
+
+def test_tree_svg_labels_never_overlap() -> None:
+    import xml.etree.ElementTree as ET
+    from analysis.tree_svg import tree_svg
+    svg = ET.fromstring(tree_svg(wide_tree(), max_height=300))
+    ns = "{http://www.w3.org/2000/svg}"
+    font = float(svg.get("font-size"))
+    labels = [(float(t.get("x")), float(t.get("y"))) for t in svg.findall(f"{ns}text") if t.get("dominant-baseline")]
+    assert len(labels) >= 4
+    for i, (x, y) in enumerate(labels):
+        for x2, y2 in labels[i + 1:]:
+            assert x != x2 or abs(y - y2) >= font * 1.2  # one level's labels at least a line apart
+
+
+def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) -> None:
+    """Two columns = 7 in: a PDF 504 pt wide that embeds its fonts, an SVG 672 CSS px (7 in) wide, a
+    PNG of 7 in at 300 dpi; the tree is laid out afresh at the paper width (its labels fit it)."""
+    import re
+    import struct
+    from analysis.export import PAPER_WIDTHS, PaperSize, write_figures
+    paper = PaperSize(PAPER_WIDTHS["two columns (7 in)"])
+    if find_browser() is None:
+        pytest.skip("no Chrome/Chromium installed (apt-get install chromium)")
+    fig = F.tree_figure(wide_tree(20), width=paper.layout_width)
+    result = write_figures({"tree": fig}, tmp_path, ("pdf", "svg", "png"), paper=paper)
+    assert not result.messages, result.messages
+    pdf = (tmp_path / "tree.pdf").read_bytes()
+    box = re.search(rb"/MediaBox \[0 0 ([\d.]+) ([\d.]+)\]", pdf)
+    assert float(box.group(1)) == pytest.approx(504, abs=1)
+    assert b"/FontFile2" in pdf and b"LiberationSans" in pdf  # embedded (subset) TrueType fonts
+    svg = (tmp_path / "tree.svg").read_text(encoding="utf-8")
+    assert float(re.search(r'<svg[^>]* width="([\d.]+)"', svg).group(1)) == pytest.approx(672, abs=1)
+    width, _ = struct.unpack(">II", (tmp_path / "tree.png").read_bytes()[16:24])
+    assert width == pytest.approx(7 * 300, abs=2)
+
+
+def test_calibration_has_wilson_intervals_and_a_minimum_count() -> None:
+    """Bin [0.2, 0.3): 12 nodes, 3 accepted; bin [0.7, 0.8): 4 nodes, 4 accepted. With min_count 5 the
+    small bin stays in the table (marked) but leaves the ECE and the curve."""
+    from eagle.stats import wilson_interval
+    quarter = [step(i + 1, [root(), *[node(j + 1, 0, 1, 0.25, rank=j, accepted=j == 0) for j in range(4)]])
+               for i in range(3)]
+    threes = [step(i + 10, [root(), node(1, 0, 1, 0.75, accepted=True)]) for i in range(4)]
+    nodes = T.nodes_frame([trace(quarter + threes)])
+    table = T.calibration_table(nodes, "confidence", bins=10, min_count=5)
+    assert table["enough"].tolist() == [True, False]
+    assert (table.loc[0, "ci_lo"], table.loc[0, "ci_hi"]) == pytest.approx(wilson_interval(3, 12))
+    assert T.table_ece(table) == pytest.approx(0.0)  # only the 0.25 bin, exactly calibrated
+    assert T.table_ece(T.calibration_table(nodes, "confidence", bins=10)) > 0
+    fig = F.reliability_figure(nodes, "confidence", 10, min_count=5)
+    curve = next(t for t in fig.data if t.name.startswith("all depths"))
+    assert list(curve.x) == [0.25] and curve.error_y.array[0] > 0
+    assert any(t.name == "fewer than 5 nodes (not in ECE)" for t in fig.data)
+    sparse = F.reliability_figure(nodes, "confidence", 10, min_count=1000)  # every bin too small: still a figure
+    assert "ECE n/a: no bin holds 1000 nodes over 0 nodes" in sparse.layout.title.text
+    with pytest.raises(ValueError, match="min_count"):
+        T.calibration_table(nodes, min_count=0)
+
+
+def test_a_zero_rate_is_drawn_and_a_missing_position_is_not() -> None:
+    """A position accepted 0 times of 3 has a dot at 0 with its n and a Wilson whisker above 0; the
+    heatmap draws missing cells grey, distinct from a rate of 0."""
+    rounds = one_child_steps(0.8, 3, hits=0)
+    nodes = T.nodes_frame([trace(rounds)])
+    fig = F.static_position_figure(nodes, mode=None)
+    bar, dots = fig.data[0], fig.data[1]
+    assert list(bar.y) == [0.0] and bar.error_y.array[0] > 0.2  # 0 of 3 is not "certainly 0"
+    assert list(dots.y) == [0.0] and list(dots.text) == ["n=3"]
+    assert "quartiles" not in fig.layout.title.text  # one prompt: no spread drawn
+    assert "no position has 5" in F.static_position_figure(nodes, mode=None, min_count=5).layout.annotations[0].text
+    assert F.depth_rank_heatmap(nodes).layout.plot_bgcolor == "#d9d9d9"
+
+
+def test_compare_table_in_words_with_baselines() -> None:
+    traces = [trace(one_child_steps(0.7, 4, 3)), trace(one_child_steps(0.4, 3, 1, "static"), "static"),
+              trace(one_child_steps(0.0, 5, 0, "vanilla"), "vanilla")]
+    for t, seconds in zip(traces, (1.0, 1.0, 2.0)):
+        t.header.meta["seconds"] = seconds
+    summary = T.mode_summary(T.steps_frame(traces), T.trace_seconds(traces))
+    table = T.with_baseline_rows(summary, [{"mode": "hf_pld", "new_tokens": 10, "target_forwards": 5,
+                                            "seconds": 1.0}])
+    assert table["mode"].tolist() == ["vanilla", "hf_pld", "static", "dynamic"]
+    words = T.plain_summary(table)
+    assert list(words.columns) == ["vanilla (no draft)", "prompt lookup (HF generate)", "static tree (EAGLE-1)",
+                                   "dynamic tree (EAGLE-2)"]
+    vanilla_rate = summary.set_index("mode").loc["vanilla", "tokens_per_s"]
+    assert words.loc["Speed-up over vanilla (tokens per second)", "prompt lookup (HF generate)"] == \
+        f"{10 / vanilla_rate:.2f}x"
+    assert words.loc["Tokens per target forward (τ)", "prompt lookup (HF generate)"] == "2.00"
+    assert words.loc["Nodes verified per round, mean", "prompt lookup (HF generate)"] == "–"  # no rounds
+    assert "–" in T.plain_summary(T.with_baseline_rows(summary[summary["mode"] != "vanilla"], [])).loc[
+        "Speed-up over vanilla (tokens per second)"].tolist()

@@ -61,7 +61,9 @@ def live() -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     _no_trouble(at)
     assert "Type a prompt" in at.info[0].value
-    assert at.expander[0].label == "How to read this page" and "bonus token" in at.markdown[0].value
+    help_popover = at.get("popover")[0]  # the explainer, out of the way of the first screen
+    assert help_popover.proto.popover.label == "How to read this page"
+    assert any("bonus token" in m.value for m in at.markdown)
     assert at.sidebar.radio(key="live_budget").value == "auto"  # the machine-tuned tree by default
     assert at.sidebar.selectbox(key="dtype").value == "auto"
     assert any(c.value.startswith("Expected ") for c in at.sidebar.caption)
@@ -87,7 +89,9 @@ def test_live_generates_and_scrubs(live):
     assert trace.header.meta["finished"] in ("max_new_tokens", "eos")
     assert len(live.get("plotly_chart")) == 1 and len(live.dataframe) == 1
     slider = live.slider[0]
-    assert slider.value == len(trace.steps) - 1
+    best = max(range(1, len(trace.steps)), key=lambda i: (len(trace.steps[i].accepted), -i))
+    assert slider.value == best  # opens on the longest accepted path, and says so
+    assert any(c.value.startswith(f"Opened on round {best}: the longest accepted path") for c in live.caption)
     for step in (0, 1):  # the prefill (no draft) and the first drafted round
         slider.set_value(step).run()
         _no_trouble(live)
@@ -95,9 +99,10 @@ def test_live_generates_and_scrubs(live):
     assert live.session_state["live_run"] is trace
     spec = json.loads(live.get("plotly_chart")[0].proto.spec)
     assert spec["layout"]["title"]["text"].startswith("Round 1 (dynamic): ")  # "Round" as on the slider
-    assert spec["layout"]["height"] <= 640 and spec["layout"]["legend"]["yanchor"] == "bottom"
+    assert spec["layout"]["height"] <= 640 and spec["layout"]["margin"]["autoexpand"] is False
     labels = [b.label for b in live.get("download_button")]
     assert "Traces (JSONL): this run" in labels and len(labels) == len(set(labels))
+    assert {"PNG", "SVG", "PDF"} <= set(labels)  # the figure, in the "Download figure" popover
 
 
 def test_live_mode_and_seed_settings_rerun(live):
@@ -112,11 +117,16 @@ def test_live_mode_and_seed_settings_rerun(live):
     assert {m.label: m.value for m in live.metric}["Tokens"] == "4"
 
 
-def test_invalid_setting_is_one_sentence(live):
-    _set(live, "live", total_tokens=0)
-    live.run()
-    assert not live.exception
-    assert [e.value for e in live.error] == ["Invalid setting: total_tokens must be in 1..1024, got 0."]
+def test_number_inputs_are_bounded_by_the_model(live):
+    """Each input is bounded by the model (context, vocabulary) or the decoder and says its bound in
+    its help (the browser refuses a value outside it; DecodeConfig.validate(limits) is tests/test_settings.py)."""
+    _set(live, "live")
+    inputs = {w.key: w for w in live.sidebar.number_input}
+    seed, tokens, vocab = inputs["live_seed"], inputs["live_max_new_tokens"], inputs["live_draft_vocab"]
+    assert (seed.min, seed.max) == (0, 2**53 - 1) and "largest whole number a browser holds" in seed.help
+    assert tokens.max == 8191 and "context" in tokens.help  # SmolLM2's 8,192-token context
+    assert vocab.max == 49152 and "49,152" in vocab.help
+    assert (inputs["live_total_tokens"].min, inputs["live_total_tokens"].max) == (1, 1024)
 
 
 def _stopped_after(full, steps: int):
@@ -151,8 +161,12 @@ def test_calibration_on_session_traces(traces):
     assert at.metric[0].label.startswith("ECE")
     at.checkbox(key="cal_per_depth").check().run()
     at.radio(key="cal_by").set_value("value").run()
+    at.number_input(key="cal_min_count").set_value(1).run()
     _no_trouble(at)
     assert len(at.get("plotly_chart")) == 1
+    at.selectbox(key="cal_mode_filter").set_value("dynamic").run()  # only the traces of that mode
+    _no_trouble(at)
+    assert at.metric[0].label.startswith("ECE")
 
 
 def test_calibration_reports_corrupt_lines(traces, tmp_path):
@@ -181,8 +195,9 @@ def test_acceptance_page(traces):
     at.run()
     _no_trouble(at)
     assert len(at.get("plotly_chart")) == 2
-    at.selectbox(key="acc_mode").set_value("dynamic").run()
+    at.selectbox(key="acc_mode_filter").set_value("dynamic").run()
     _no_trouble(at)
+    assert at.selectbox(key="acc_head_filter").options[0] == "all"
 
 
 def test_analysis_pages_without_traces():
@@ -199,11 +214,18 @@ def test_compare_runs_both_modes():
     at.button(key="cmp_run").click().run()
     _no_trouble(at)
     results = at.session_state["cmp_results"]
-    assert set(results) == {"static", "dynamic"}
+    assert set(results) == {"static", "dynamic", "vanilla"}
     assert all(t.header.meta["finished"] for t in results.values())
     assert len(at.get("plotly_chart")) == 3  # two trees and the accepted-length histogram
-    at.slider(key=f"cmp_step_static_{at.session_state['cmp_run_id']}").set_value(1).run()
+    table = at.table[0].value  # in words, with the baselines and the speed-up
+    assert list(table.columns) == ["vanilla (no draft)", "prompt lookup (HF generate)", "static tree (EAGLE-1)",
+                                   "dynamic tree (EAGLE-2)"]
+    assert table.loc["Speed-up over vanilla (tokens per second)", "vanilla (no draft)"] == "1.00x"
+    assert 1 <= int(table.loc["Tokens generated", "prompt lookup (HF generate)"]) <= 6  # eos may end it early
+    # One slider of generated positions lines the two trees up on the token they wrote.
+    at.slider(key=f"cmp_position_{at.session_state['cmp_run_id']}").set_value(1).run()
     _no_trouble(at)
+    assert sum(c.value.startswith("Round 1 wrote tokens 1-") for c in at.caption) == 2
 
 
 def test_budget_page_shows_the_choice_and_curve():
@@ -251,7 +273,7 @@ def test_page_switch_keeps_prompt_settings_and_result(live):
     assert {k: live.session_state[k] for k in before} == before
     assert live.slider[0].value == 1
     assert live.session_state["_saved_widgets"]["live_prompt"] == "Name three colours."
-    assert live.expander[0].label == "How to read this page"
+    assert live.get("popover")[0].proto.popover.label == "How to read this page"
 
 
 def test_manual_budget_starts_from_auto():
@@ -409,3 +431,48 @@ def test_token_html_escapes_text(traces):
     out = token_html([step])
     assert "<script>" not in out and "&lt;script&gt;" in out and "&amp; more" in out
     json.dumps(out)  # plain text, no objects leaking in
+
+
+def test_multiline_prompt_system_prompt_and_chat_turns():
+    """The multi-line editor keeps line breaks and emoji; a system prompt and the kept turns reach the
+    decoder as messages through the chat template (the trace's meta records them)."""
+    at = _page("live").run()
+    _set(at, "live", **SMALL)
+    at.toggle(key="live_multiline").set_value(True).run()
+    text = "Line one 🙂\nLine two."
+    at.text_area(key="live_prompt_area").set_value(text)
+    at.text_area(key="live_system").set_value("Answer briefly.")
+    at.run()
+    _no_trouble(at)
+    first = at.session_state["live_run"]
+    assert first.header.prompt == text  # the line break and the emoji intact
+    assert first.header.meta["messages"] == [{"role": "system", "content": "Answer briefly."},
+                                             {"role": "user", "content": text}]
+    at.toggle(key="live_chat").set_value(True).run()
+    at.button(key="live_keep_turn").click().run()
+    assert at.text_area(key="live_prompt_area").value == ""  # cleared for the next message
+    at.text_area(key="live_prompt_area").set_value("And a third line?")
+    at.run()
+    _no_trouble(at)
+    second = at.session_state["live_run"]
+    roles = [m["role"] for m in second.header.meta["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert second.header.meta["messages"][2]["content"] == "".join(s.new_text for s in first.steps)
+    assert [c.name for c in at.chat_message] == ["user", "assistant"]  # the kept turn, above the box
+
+
+def test_history_page_lists_reopens_and_deletes(traces):
+    """The live fixture's runs were kept on disk (the test's EAGLE_CACHE): the page lists them, opens
+    one into a fresh session and deletes it."""
+    from app.history import RunStore
+    before = RunStore().runs()
+    assert len(before) >= 1
+    at = _page("history").run()
+    _no_trouble(at)
+    assert len(at.dataframe[0].value) == len(before)
+    at.button(key="hist_open").click().run()
+    _no_trouble(at)
+    assert at.success and len(at.session_state["traces"]) == 1
+    at.button(key="hist_delete").click().run()
+    _no_trouble(at)
+    assert len(RunStore().runs()) == len(before) - 1

@@ -86,3 +86,13 @@ def test_bench_and_analysis_agree_on_the_same_traces(single_thread):
     assert table.loc["vanilla", "tau"] == 1.0 and table.loc["dynamic", "tau"] >= 1.0
     van = table.loc["vanilla", "tokens_per_s"]
     assert table.loc["dynamic", "speedup"] == pytest.approx(table.loc["dynamic", "tokens_per_s"] / van)
+
+
+def test_wilson_interval_known_values() -> None:
+    """Against the closed form's published values (e.g. Newcombe 1998, table I: 0/10, 1/10)."""
+    from eagle.stats import wilson_interval
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(1, 10) == pytest.approx((0.0179, 0.4042), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    lo, hi = wilson_interval(0, 0)
+    assert lo != lo and hi != hi  # no trials: NaN, not a zero-width interval

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.figures import depth_rank_heatmap, static_position_figure
+from analysis.figures import MIN_PROMPTS_FOR_SPREAD, depth_rank_heatmap, static_position_figure
 from analysis.tables import depth_rank_table, nodes_frame, static_position_table
 from app import exports, render
-from app.sources import pick_traces
-
-ALL_MODES = "all modes"
+from app.sources import filter_traces, pick_traces
 
 
 def main() -> None:
@@ -18,18 +16,21 @@ def main() -> None:
     traces = pick_traces("acc")
     if not traces:
         return
+    traces = filter_traces(traces, "acc")
+    if not traces:
+        st.info("No trace matches this mode and head.")
+        return
     nodes = nodes_frame(traces)
-    modes = sorted(nodes["mode"].unique()) if not nodes.empty else []
-    choice = st.selectbox("Mode", [ALL_MODES, *modes], key="acc_mode")
-    if choice != ALL_MODES:
-        nodes = nodes[nodes["mode"] == choice]
     heat = depth_rank_heatmap(nodes)
     render.show_figure(heat, key="acc_heat")
     exports.figure_download(heat, key="acc_heat_dl", stem="depth_rank_heatmap")
-    st.subheader("Per-position spread across prompts")
+    st.subheader("Per-position acceptance")
     st.caption("Each position is the sibling-rank path from the root (\"0-1\" = best child, then its "
-               "second child); bars are the mean over traces, whiskers the spread between them.")
-    spread = static_position_figure(nodes, mode=None)
+               "second child); bars are the pooled rate with its 95 % Wilson interval, quartile ticks the "
+               f"spread over prompts once there are {MIN_PROMPTS_FOR_SPREAD} or more.")
+    min_count = st.number_input("Minimum nodes per position", 1, 10_000, 5, key="acc_min_count",
+                                help="Positions with fewer nodes are left out of the chart")
+    spread = static_position_figure(nodes, mode=None, min_count=min_count)
     render.show_figure(spread, key="acc_spread")
     exports.figure_download(spread, key="acc_spread_dl", stem="position_spread")
     with st.expander("Tables"):

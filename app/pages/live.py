@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live, render, state
+from app import prompt as prompt_ui
 from app.settings import budget_policy, settings_form
 
 INTRO = """
@@ -30,8 +31,12 @@ round that accepted many drafts.
 
 
 def main() -> None:
-    st.title("Live explorer")
-    with st.expander("How to read this page", expanded=not state.session_traces()):
+    render.first_screen_css()
+    title, help_col = st.columns([5, 1], vertical_alignment="bottom")
+    title.title("Live explorer")
+    # A popover, not an expander: the explainer is about 450 px tall and would push the prompt, the
+    # text and the tree below a 1280 x 800 window's fold.
+    with help_col.popover("How to read this page", icon=":material/help:"):
         st.markdown(INTRO)
     models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
@@ -41,13 +46,15 @@ def main() -> None:
         report.update(state.auto_budget(models))
         return report
 
-    cfg, error = settings_form("live", auto=auto)
-    prompt = live.prompt_box()
+    cfg, error = settings_form("live", auto=auto, limits=models.limits)
+    prompt_ui.show_history()
+    text = prompt_ui.editor()
+    prompt = prompt_ui.conversation(text, prompt_ui.system_prompt())
     if error:
         st.error(error)
         return
     live.settle_stop()
-    if not prompt.strip():
+    if not text.strip():
         st.info("Type a prompt to start: each pause in typing (or Enter) decodes it with these settings.")
         return
     if not live.long_prompt_ok(models, prompt, cfg, lambda: report or state.auto_budget(models)):
@@ -58,6 +65,7 @@ def main() -> None:
     if live.needs_run(trace, prompt, cfg, budget):
         trace = live.generate(models, prompt, cfg, budget, slots)
     if trace is not None:
+        prompt_ui.keep_turn_button(trace, text)
         live.show_trace(trace, slots)
 
 
