@@ -6,15 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from eagle.checks import ArgumentParser, check_ranges
 from eagle.files import run_guarded
 
-from .export import load_traces, write_figures, write_tables
+from .export import check_formats, load_traces, write_figures, write_tables
 from .report import build_figures, build_tables
 from .tables import nodes_frame, steps_frame, trace_seconds
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     fig = sub.add_parser("figures", help="write every figure and table for a set of traces")
     fig.add_argument("--traces", required=True, type=Path, help="a .jsonl trace file, a directory of them, or an `eagle bench` output directory")
@@ -26,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def figures_command(args: argparse.Namespace) -> int:
+    check_ranges(args)  # --bins, --scale: before anything is read or written
+    formats = check_formats(args.formats)
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a directory: give a directory for the figures.")
     traces, messages = load_traces(args.traces)
@@ -37,7 +40,6 @@ def figures_command(args: argparse.Namespace) -> int:
     tables = build_tables(nodes, steps, args.bins, trace_seconds(traces))
     written = write_tables(tables, args.out)
     written += write_tables({"nodes": nodes, "steps": steps}, args.out, markdown=False)
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     result = write_figures(build_figures(traces, nodes, steps, args.bins), args.out, formats, args.scale)
     for message in result.messages:
         print(f"warning: {message}", file=sys.stderr)
@@ -47,8 +49,7 @@ def figures_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    return run_guarded(lambda: figures_command(args))
+    return run_guarded(lambda: figures_command(_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

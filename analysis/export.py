@@ -68,6 +68,15 @@ def _size(fig: go.Figure) -> tuple[int, int]:
     return int(fig.layout.width or 1200), int(fig.layout.height or 700)
 
 
+def check_formats(text: str) -> tuple[str, ...]:
+    """--formats as a tuple of STATIC_FORMATS (empty: tables only); one sentence naming the bad ones."""
+    formats = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in STATIC_FORMATS]
+    if bad:
+        raise ValueError(f"--formats {text!r}: choose from {', '.join(STATIC_FORMATS)} (comma-separated)")
+    return formats
+
+
 def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[str, ...] = ("png", "svg"),
                   scale: float = 1.0) -> ExportResult:
     """Write each figure as NAME.FORMAT at its layout's size (times `scale` for raster formats). Without

@@ -10,6 +10,13 @@ BUDGETS: tuple[str, ...] = ("fixed", "auto", "adaptive")  # tree budget policies
 TEMPERATURE_MAX = 10.0  # beyond this, sampling is as good as uniform: a larger value is a typo
 
 
+class SettingError(ValueError, TypeError):
+    """A setting (a command's flag or a notebook keyword) of the wrong type, out of its range or in a
+    combination that cannot run: one sentence naming it. A ValueError (the commands' error boundary
+    prints it as one line, exit 2) and a TypeError (what Python raises for a wrong keyword), so either
+    catches it; `from eagle import SettingError`."""
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     mode: Mode = "dynamic"
@@ -42,7 +49,7 @@ class DecodeConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise SettingError(message)
         return self
 
     @property

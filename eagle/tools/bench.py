@@ -30,8 +30,9 @@ from .budget import Costs, expected_seconds, tuned_config, vanilla_name
 from .session import Session
 from .specbench import export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
-from ..checks import check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, config_from_args, load_pair, model_spec
+from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
+from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, check_local_paths, config_from_args, \
+    flag_name, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..detok import TextWindow, next_text, token_text
@@ -628,7 +629,7 @@ def json_line(summary: dict) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
+    p = ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Benchmark decoding modes on a question set, interleaved.")
     p.add_argument("--dataset", required=True, help="mt_bench or a JSONL file (question_id, category, turns)")
@@ -693,7 +694,7 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
         default, pairs = next(iter(loaded)), dict(loaded)
         spec = ModelSpec(str(args.model), pairs[default].source if need_head else None, args.device, default)
     else:
-        spec = model_spec(args, need_head)
+        spec = model_spec(DecodeSettings.from_args(args), need_head)
         target, head, source = load_pair(spec)
         default = dtype_name(target.dtype)
         pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
@@ -724,6 +725,7 @@ def _check_summary_owner(out: Path, overwrite: bool) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     """Every check that needs no model, then the run under the --out lock."""
+    check_runtime_args(args)
     questions, bad = load_questions(args.dataset)
     if bad:
         print(f"skipped {bad} bad record(s) in {args.dataset}", file=sys.stderr)
@@ -732,10 +734,12 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.dataset} holds no usable question")
     specs = parse_modes(args.modes)
     _check_budget_flag(args.budget, specs)
-    check_runtime_args(args)
+    settings = DecodeSettings.from_args(args)
+    settings.validate(flag_name)  # the decode flags, checked as generate checks them
     out = args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S")
     check_output(out, "--out", directory=True)
     _check_summary_owner(out, args.overwrite)
+    check_local_paths(settings, any(s.kind in ("static", "dynamic") for s in specs))  # before --out is made
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out / ".lock", f"bench --out {out}"):
         return _run_locked(args, Plan(questions, args.turns, specs, out), bad)
