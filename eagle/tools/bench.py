@@ -14,6 +14,7 @@ run is refused, naming what differs); one lock per --out keeps a second run from
 from __future__ import annotations
 
 import argparse
+import io
 import copy
 import json
 import math
@@ -547,7 +548,9 @@ def _clean(obj):
 def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dict[str, dict]) -> None:
     plan.out.mkdir(parents=True, exist_ok=True)
     table = steps_table(results, configs)
-    atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
+    parquet = io.BytesIO()
+    table.to_parquet(parquet, index=False)
+    atomic_write(plan.out / "steps.parquet", parquet.getvalue())
     atomic_write(plan.out / "summary.json", json.dumps(_clean(summary), indent=2, ensure_ascii=False))
     atomic_write(plan.out / "summary.md", summary_markdown(summary))
 
