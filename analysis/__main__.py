@@ -7,16 +7,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from eagle.checks import ArgumentParser, check_ranges
 from eagle.files import atomic_write, run_guarded
 
 from .ablation import ablation_figure, ablation_frame, ablation_markdown, load_ablation
-from .export import load_traces, write_figures, write_tables
+from .export import check_formats, load_traces, write_figures, write_tables
 from .report import build_figures, build_tables
 from .tables import nodes_frame, steps_frame, trace_seconds
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     fig = sub.add_parser("figures", help="write every figure and table for a set of traces")
     fig.add_argument("--traces", required=True, type=Path, help="a .jsonl trace file, a directory of them, or an `eagle bench` output directory")
@@ -35,8 +36,8 @@ def ablation_command(args: argparse.Namespace) -> int:
     """ablation.{png,svg,...} (HTML without a browser), ablation.csv and ablation.md (the TRAINING.md table)."""
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a directory: give a directory for the figure.")
+    formats = check_formats(args.formats)
     results = load_ablation(args.results)
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     result = write_figures({"ablation": ablation_figure(results)}, args.out, formats)
     written = write_tables({"ablation": ablation_frame(results)}, args.out, markdown=False)
     atomic_write(args.out / "ablation.md", ablation_markdown(results))
@@ -47,6 +48,8 @@ def ablation_command(args: argparse.Namespace) -> int:
 
 
 def figures_command(args: argparse.Namespace) -> int:
+    check_ranges(args)  # --bins, --scale: before anything is read or written
+    formats = check_formats(args.formats)
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a directory: give a directory for the figures.")
     traces, messages = load_traces(args.traces)
@@ -58,7 +61,6 @@ def figures_command(args: argparse.Namespace) -> int:
     tables = build_tables(nodes, steps, args.bins, trace_seconds(traces))
     written = write_tables(tables, args.out)
     written += write_tables({"nodes": nodes, "steps": steps}, args.out, markdown=False)
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     result = write_figures(build_figures(traces, nodes, steps, args.bins), args.out, formats, args.scale)
     for message in result.messages:
         print(f"warning: {message}", file=sys.stderr)
@@ -68,9 +70,10 @@ def figures_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    command = {"figures": figures_command, "ablation": ablation_command}[args.command]
-    return run_guarded(lambda: command(args))
+    def run() -> int:  # parsed inside the error boundary: a bad flag is one sentence too
+        args = _parser().parse_args(argv)
+        return {"figures": figures_command, "ablation": ablation_command}[args.command](args)
+    return run_guarded(run)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from eagle.files import WriteError, atomic_write, error_sentence
 from eagle.markdown import markdown_table
 from eagle.trace import Trace, TraceFormatError, read_trace
 
@@ -100,6 +101,15 @@ class PaperSize:
         return go.Figure(fig).update_layout(width=self.layout_width, height=round(height * max(ratio, 0.6)))
 
 
+def check_formats(text: str) -> tuple[str, ...]:
+    """--formats as a tuple of STATIC_FORMATS (empty: tables only); one sentence naming the bad ones."""
+    formats = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in STATIC_FORMATS]
+    if bad:
+        raise ValueError(f"--formats {text!r}: choose from {', '.join(STATIC_FORMATS)} (comma-separated)")
+    return formats
+
+
 def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[str, ...] = ("png", "svg"),
                   scale: float = 1.0, paper: PaperSize | None = None) -> ExportResult:
     """Write each figure as NAME.FORMAT at its layout's size (times `scale` for raster formats), or,
@@ -112,18 +122,23 @@ def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[st
     bad = [f for f in formats if f not in STATIC_FORMATS]
     if bad:
         raise ValueError(f"unsupported figure format(s) {bad}; choose from {', '.join(STATIC_FORMATS)}")
+    if not formats:  # tables only: no browser to start
+        return ExportResult()
     browser = find_browser()
     if browser is None:
         return _write_html(figs, out, f"no browser found: {INSTALL_HINT}; wrote HTML instead")
+    # kaleido writes each image itself: to a temporary name, renamed once the batch is through (eagle.files'
+    # rule: no half-written figure under the real name)
     jobs = [_job(name, fig, fmt, out, scale, paper) for name, fig in figs.items() for fmt in formats]
     for job in jobs:  # a stale file from an earlier run must not pass for a fresh one
-        job["path"].unlink(missing_ok=True)
+        job["final"].unlink(missing_ok=True)
     errors = _kaleido_write(jobs, browser)
-    result = ExportResult(written=[j["path"] for j in jobs if _nonempty(j["path"])])
+    _keep_images(jobs, errors, out)
+    result = ExportResult(written=[j["final"] for j in jobs if _nonempty(j["final"])])
     failed = {name: fig for name, fig in figs.items()
               if not all(_nonempty(out / f"{name}.{fmt}") for fmt in formats)}
     if failed:
-        why = "; ".join(errors)[:300] or "no output"
+        why = "; ".join(f"{type(e).__name__}: {e}" for e in errors)[:300] or "no output"
         fallback = _write_html(failed, out, f"static export of {', '.join(failed)} failed with {browser} "
                                             f"({why}); wrote HTML for those instead")
         result.written += fallback.written
@@ -138,21 +153,35 @@ def _job(name: str, fig: go.Figure, fmt: str, out: Path, scale: float, paper: Pa
     elif fmt not in ("png", "jpeg", "webp"):
         scale = 1
     width, height = _size(fig)
-    return {"fig": fig, "path": out / f"{name}.{fmt}",
+    return {"fig": fig, "path": out / f".{name}.{fmt}.{os.getpid()}.tmp", "final": out / f"{name}.{fmt}",
             "opts": {"format": fmt, "width": width, "height": height, "scale": scale}}
 
 
-def _kaleido_write(jobs: list[dict], browser: str) -> list[str]:
+def _kaleido_write(jobs: list[dict], browser: str) -> list[BaseException]:
     """Render every job with one browser launch. MathJax is off: its default comes from a CDN, and
     this must work offline."""
     import kaleido  # deferred: importing kaleido is slow and only export needs it
     from choreographer.errors import ChromeNotFoundError
 
     try:
-        errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": browser, "mathjax": False})
+        errors = kaleido.write_fig_from_object_sync([{k: j[k] for k in ("fig", "path", "opts")} for j in jobs],
+                                                    kopts={"path": browser, "mathjax": False})
     except (ChromeNotFoundError, OSError, RuntimeError, TimeoutError, ValueError) as err:
-        return [f"{type(err).__name__}: {err}"]
-    return [f"{type(e).__name__}: {e}" for e in (errors or ())]
+        return [err]
+    return list(errors or ())
+
+
+def _keep_images(jobs: list[dict], errors: list[BaseException], out: Path) -> None:
+    """Rename the images kaleido wrote to their names. A failed file write (a full disk) may have left a
+    partial image that looks whole: then none is kept, and the error names the directory."""
+    failed_write = next((e for e in errors if isinstance(e, OSError)), None)
+    for job in jobs:
+        if failed_write is None and _nonempty(job["path"]):
+            os.replace(job["path"], job["final"])
+        job["path"].unlink(missing_ok=True)
+    if failed_write is not None:
+        why = getattr(failed_write, "strerror", None) or error_sentence(failed_write)
+        raise WriteError(f"could not write the figures in {out}: {why}")
 
 
 def _nonempty(path: Path) -> bool:
@@ -161,10 +190,13 @@ def _nonempty(path: Path) -> bool:
 
 def _write_html(figs: dict[str, go.Figure], out: Path, message: str) -> ExportResult:
     """Interactive fallback; plotly.js is written once next to the pages so they open offline."""
+    from plotly.offline import get_plotlyjs
     written = []
+    if not _nonempty(out / "plotly.min.js"):  # what include_plotlyjs="directory" pages load
+        atomic_write(out / "plotly.min.js", get_plotlyjs())
     for name, fig in figs.items():
         path = out / f"{name}.html"
-        fig.write_html(path, include_plotlyjs="directory", full_html=True)
+        atomic_write(path, fig.to_html(include_plotlyjs="directory", full_html=True))
         written.append(path)
     return ExportResult(written=written, messages=[message])
 
@@ -190,10 +222,10 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | Path, markdown: boo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, frame in tables.items():
-        frame.to_csv(out / f"{name}.csv", index=False)
+    for name, frame in tables.items():  # atomically (eagle.files): a full disk leaves no empty CSV
+        atomic_write(out / f"{name}.csv", frame.to_csv(index=False))
         written.append(out / f"{name}.csv")
         if markdown:
-            (out / f"{name}.md").write_text(to_markdown(frame), encoding="utf-8")
+            atomic_write(out / f"{name}.md", to_markdown(frame))
             written.append(out / f"{name}.md")
     return written

@@ -8,10 +8,11 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import Callable, NoReturn
 
 import torch
 
-from .config import SEED_MAX, TEMPERATURE_MAX
+from .config import SEED_MAX, TEMPERATURE_MAX, SettingError
 from .target import parse_device
 
 # The range of each numeric flag, by argparse dest: (least, greatest or None for no bound). One table
@@ -31,19 +32,35 @@ FLAG_RANGES: dict[str, tuple[float, float | None]] = {
     "draft_vocab_size": (0, None), "samples": (0, None),
     # ablation (its --steps, --fractions and --ttt-steps are checked further by AblationConfig.validate)
     "tau_per_category": (0, None), "tau_max_new_tokens": (1, None),
+    # bench, profile, export-token-map (its upper bound is the head's vocabulary, checked there)
+    "limit": (1, None), "per_category": (1, None), "prompts": (1, None), "k": (1, None),
+    # analysis figures: calibration bins, and the raster scale (1 = 1200 px wide)
+    "bins": (1, None), "scale": (0.1, 10),
 }
 
 
-def check_seed(seed: int) -> int:
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors (a wrong type, an unknown choice, a missing or unknown flag) are one
+    SettingError sentence, which the commands' error boundary prints as one line with exit code 2,
+    instead of a usage block; the same sentence in-process and from a shell."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SettingError(f"{message} (see {self.prog} --help)")
+
+
+def check_seed(seed: int, name: str = "--seed") -> int:
     """--seed in the range torch takes (2**70 would fail deep inside it, as an unpacking overflow)."""
     if not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed}")
+        raise SettingError(f"{name} must be an integer from 0 to 2**63 - 1, got {seed}")
     return seed
 
 
 def check_runtime_args(args: argparse.Namespace) -> None:
     """Checks that need no model, run before one loads: a bad flag costs no loading time."""
-    parse_device(args.device)
+    try:
+        parse_device(args.device)
+    except ValueError as err:
+        raise SettingError(f"--device: {err}") from None
     if getattr(args, "seed", None) is not None:
         check_seed(args.seed)
     check_ranges(args)
@@ -51,19 +68,20 @@ def check_runtime_args(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def check_ranges(args: argparse.Namespace) -> None:
-    """Each flag of FLAG_RANGES that `args` holds (None: not given, a default meaning "all") in its range.
-    NaN fails every comparison, so it is refused with the rest; an infinity is named as such."""
+def check_ranges(args: object, name: Callable[[str], str] | None = None) -> None:
+    """Each flag of FLAG_RANGES that `args` (parsed flags or typed settings) holds (None: not given, a
+    default meaning "all") in its range, named by `name` (default: as a flag). NaN fails every
+    comparison, so it is refused with the rest; an infinity is named as such."""
     for dest, (low, high) in FLAG_RANGES.items():
         value = getattr(args, dest, None)
         if value is None:
             continue
-        flag = "--" + dest.replace("_", "-")
+        flag = name(dest) if name else "--" + dest.replace("_", "-")
         if isinstance(value, float) and math.isinf(value):
-            raise ValueError(f"{flag} must be a finite number, got {value}")
+            raise SettingError(f"{flag} must be a finite number, got {value}")
         if not (value >= low and (high is None or value <= high)):
             span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-            raise ValueError(f"{flag} must be {span}, got {value}")
+            raise SettingError(f"{flag} must be {span}, got {value}")
 
 
 def check_argv(argv: list[str]) -> None:

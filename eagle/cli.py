@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from .checks import check_argv, check_output, check_runtime_args
+from .checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
 from .config import MODES, DecodeConfig
-from .decode import encode_prompt, generate
+from .decode import PromptError, encode_prompt, generate
 from .files import atomic_write_json, run_guarded
-from .loading import KNOBS_EPILOG, add_decode_args, add_model_args, budget_mode, check_budget, config_from_args, \
+from .loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
     load_pair, model_spec
 from .questions import load_questions
 from .target import DEFAULT_MODEL, device_name, dtype_name
@@ -50,20 +50,23 @@ def read_prompt(prompt: str) -> str:
         raise ValueError(f"the prompt on stdin is not valid UTF-8 (byte {err.start}: {bad!r})") from None
 
 
-def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
-    cfg = config_from_args(args, args.mode)
-    check_budget(args.budget, cfg.mode)
-    check_runtime_args(args)
+def check_generate_args(args: argparse.Namespace) -> tuple[DecodeSettings, DecodeConfig]:
+    """The flags as typed settings, checked by the validate() the notebook's keywords go through too."""
+    settings = DecodeSettings.from_args(args)
+    cfg = settings.validate(flag_name)
+    if getattr(args, "prompt", "-") != "-" and not args.prompt.strip():  # blank whatever the model: say so now
+        raise PromptError("The prompt is empty: type something to generate from.")
+    check_runtime_args(args)  # sets the thread count
     if args.trace:
         check_output(args.trace, "--trace", directory=False)
-    return cfg
+    return settings, cfg
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    cfg = check_generate_args(args)
+    settings, cfg = check_generate_args(args)
     prompt = read_prompt(args.prompt)
-    target, head, source = load_pair(model_spec(args, cfg.mode != "vanilla"))
-    budget = budget_mode(args, cfg.mode, target.device.type)
+    target, head, source = load_pair(model_spec(settings, cfg.mode != "vanilla"))
+    budget = budget_mode(settings, cfg.mode, target.device.type)
     run = Session.of(target, head, source).prepare(prompt, cfg, budget)
     if run.budget_report is not None:
         print(_budget_line(budget, run.budget_report), file=sys.stderr)
@@ -117,7 +120,7 @@ def _budget_line(budget: str, report: dict) -> str:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     check_runtime_args(args)
-    target, head, _ = load_pair(model_spec(args, need_head=True))
+    target, head, _ = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
     report = {**report, "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}
     if args.json:
@@ -142,19 +145,17 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Each phase of a round, on the model and on a tiny random Llama: where the overhead goes."""
-    cfg = check_generate_args(args)
-    if args.prompts < 1:
-        raise ValueError(f"--prompts {args.prompts}: profile at least one prompt.")
+    settings, cfg = check_generate_args(args)  # --prompts too (eagle.checks.FLAG_RANGES)
     if args.preset == "vanilla" or (args.total_tokens is not None and args.total_tokens < 2):
         flag = "--preset vanilla" if args.preset == "vanilla" else f"--total-tokens {args.total_tokens}"
         raise ValueError(f"{flag}: profile times the phases of a draft tree's round and this verifies one token "
                          "with no tree; time plain decoding with `bench --modes vanilla`.")
     if args.json and args.json.exists() and not args.force:
         raise ValueError(f"--json {args.json} exists: give a new file name, or --force to replace it.")
-    target, head, source = load_pair(model_spec(args, need_head=True))
+    target, head, source = load_pair(model_spec(settings, need_head=True))
     questions, _ = load_questions("mt_bench")
     prompts = [encode_prompt(target.tokenizer, q.turns[0], target.max_context) for q in questions[:args.prompts]]
-    budget = budget_mode(args, cfg.mode, target.device.type)
+    budget = budget_mode(settings, cfg.mode, target.device.type)
     cfg, costs, report = Session(target, head, source).tune(cfg, budget)  # no header: no head hash needed
     if report is not None:
         print(_budget_line(budget, report), file=sys.stderr)
@@ -175,6 +176,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_export_token_map(args: argparse.Namespace) -> int:
+    check_ranges(args)
+    check_output(args.out, "--out", directory=False)
     ids = export_token_map(args.out, args.head, args.k, args.model, args.force)
     print(f"wrote {ids.numel()} token ids to {args.out} (SGLang: --speculative-token-map {args.out})")
     return 0
@@ -189,7 +192,7 @@ def cmd_export_head(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
+    parser = ArgumentParser(prog="python -m eagle", description="EAGLE-2 Explorer decoder")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt", epilog=KNOBS_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

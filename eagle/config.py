@@ -22,6 +22,13 @@ class ModelLimits:
     vocab_size: int
 
 
+class SettingError(ValueError, TypeError):
+    """A setting (a command's flag or a notebook keyword) of the wrong type, out of its range or in a
+    combination that cannot run: one sentence naming it. A ValueError (the commands' error boundary
+    prints it as one line, exit 2) and a TypeError (what Python raises for a wrong keyword), so either
+    catches it; `from eagle import SettingError`."""
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     mode: Mode = "dynamic"
@@ -63,7 +70,7 @@ class DecodeConfig:
             ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise SettingError(message)
         return self
 
     @property

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 
 from .adaptive import RoundCosts, best_tree_size
-from .config import DecodeConfig
+from .config import DecodeConfig, SettingError
 from .detok import TextWindow, next_text, token_text
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
@@ -38,7 +38,7 @@ __all__ = ["DecodeState", "Decoder", "Drafter", "Generation", "PromptError", "To
            "encode_prompt", "generate", "new_drafter"]
 
 
-class PromptError(ValueError):
+class PromptError(SettingError):
     """The prompt cannot be decoded (empty, or longer than the model's context)."""
 
 

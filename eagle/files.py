@@ -1,16 +1,19 @@
 """File integrity in one place: atomic replacement, an exclusive lock per output, whole-record
 appends, and the error boundary every command runs inside.
 
-Every file this project writes that a reader may trust (heads, manifests, summaries, caches) goes
-through `atomic_write`: a unique temporary file in the same directory, fsynced, then renamed over
-the destination, so a crash leaves either the old file or the new one and two writers never share
-a temporary name. `exclusive_lock` guards an output that a job appends to over time; `locked_append`
+Every file this project writes (heads, shards, checkpoints, manifests, summaries, caches, tables,
+figures, exports) goes through `atomic_write`: a unique temporary file in the same directory, fsynced,
+then renamed over the destination, so a crash leaves either the old file or the new one and two
+writers never share a temporary name. Writers hand it bytes (safetensors.torch.save, `torch_bytes`,
+a CSV's text), which it writes with `_write_all`, the one low-level write beside `locked_append`'s: a
+full disk or any other write error is one sentence naming the file, and the temporary is removed. `exclusive_lock` guards an output that a job appends to over time; `locked_append`
 adds one whole record group to a shared log. `run_guarded` turns every failure a user can cause
 into one sentence and exit code 2."""
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import logging
 import os
@@ -19,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from safetensors import SafetensorError as _SafetensorError
+
 
 class CommandError(RuntimeError):
     """A failure whose message tells the user what to fix (the command boundary prints just that)."""
@@ -26,6 +31,10 @@ class CommandError(RuntimeError):
 
 class BusyError(CommandError):
     """Another process holds the lock on an output."""
+
+
+class WriteError(CommandError):
+    """A file could not be written (a full disk, a writer's own failure): the message names it."""
 
 
 def atomic_write(path: str | Path, data: bytes | str | Callable[[Path], None]) -> None:
@@ -39,18 +48,41 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[Path], None]) -
             os.close(fd)
             data(tmp)
         else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            try:
+                _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
+            finally:
+                os.close(fd)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise _naming(err, path) from None
+    except CommandError:
+        tmp.unlink(missing_ok=True)
+        raise
+    except (RuntimeError, _SafetensorError) as err:  # a writer's own report of a failed write (torch.save's,
+        tmp.unlink(missing_ok=True)                  # safetensors'), which names no file
+        raise WriteError(f"could not write {path}: {error_sentence(err)}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of `data` to `fd`, then fsync: the one low-level write of atomic_write and locked_append.
+    A short write is continued; a failed one (ENOSPC, EIO, EFBIG) raises OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def torch_bytes(obj: object) -> bytes:
+    """What torch.save writes for `obj`, as bytes for atomic_write (torch is imported only here)."""
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def _naming(err: OSError, path: Path) -> OSError:
@@ -131,9 +163,7 @@ def _append(path: Path, data: bytes) -> None:
                 fh.seek(size - 1)
                 if fh.read(1) != b"\n":
                     data = b"\n" + data
-            fh.write(data)  # "a" mode: the write goes to the end whatever the position
-            fh.flush()
-            os.fsync(fh.fileno())
+            _write_all(fh.fileno(), data)  # O_APPEND: the write goes to the end whatever the position
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
@@ -179,8 +209,17 @@ def run_guarded(command: Callable[[], int], interrupted: str = "interrupted") ->
         print(f"\n{interrupted}", file=sys.stderr)
         return 130
     except (ValueError, OSError, CommandError) as err:
+        _close_progress_bars()
         print(f"error: {error_sentence(err)}", file=sys.stderr)
         return 2
+
+
+def _close_progress_bars() -> None:
+    """End the progress bars a failed command left open, so its error starts a line of its own instead
+    of following a bar's carriage return (tqdm is looked up, not imported: a command without bars)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 def _silence_stdout() -> None:
@@ -191,13 +230,21 @@ def _silence_stdout() -> None:
         pass
 
 
+class _LogFile(logging.FileHandler):
+    """The run's log file. A line it cannot write (a full disk) is dropped without logging's own
+    traceback on stderr: the run's next atomic write fails on the same disk with one sentence."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def run_logger(name: str, log_path: Path) -> logging.Logger:
     """A logger writing to log_path (appending, so a resumed run keeps its history) and stderr."""
     log = logging.getLogger(f"eagle.{name}.{log_path}")
     if not log.handlers:
         log.setLevel(logging.INFO)
         fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
-        for handler in (logging.FileHandler(log_path), logging.StreamHandler()):
+        for handler in (_LogFile(log_path), logging.StreamHandler()):
             handler.setFormatter(fmt)
             log.addHandler(handler)
         log.propagate = False

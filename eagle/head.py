@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import StrictDataclassError
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -289,7 +289,7 @@ def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
     write_checkpoint(path, fmt, head.config.to_dict(), state, head.feature_layers)
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
-        atomic_write(path / COUNTS_FILE, lambda tmp: save_file(counts, str(tmp)))
+        atomic_write(path / COUNTS_FILE, save(counts))
 
 
 def new_head(target, seed: int = 0, kind: str = "eagle1", draft_ids: torch.Tensor | None = None) -> AnyHead:

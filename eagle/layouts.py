@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from .files import atomic_write, atomic_write_json, read_json_object
 from .target import with_legacy_keys
@@ -303,7 +303,7 @@ def write_checkpoint(out: str | Path, fmt: str, config: dict, state: dict[str, t
         tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
                    for k, v in state.items()}
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    atomic_write(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
     atomic_write_json(out / "config.json", config)
 
 

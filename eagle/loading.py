@@ -1,15 +1,19 @@
-"""Target, head and decode settings from command-line arguments: the one place generate, bench,
-budget and the notebook API turn flags into a DecodeConfig and a loaded model pair."""
+"""Target, head and decode settings: the one place generate, bench, budget, profile and the notebook API
+turn flags or keywords into typed DecodeSettings (checked by one validate()), a DecodeConfig and a
+loaded model pair."""
 from __future__ import annotations
 
 import argparse
+import numbers
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Callable
 
-from .checks import check_seed
-from .config import BUDGETS, PRESETS, DecodeConfig
+from .checks import check_ranges, check_seed
+from .config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError
 from .head import AnyHead, locate_head, resolve_head
-from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
+from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target, locate_model, looks_like_path, parse_device
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
   --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified
@@ -57,24 +61,134 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "auto's draft shape, with each round's tree size chosen from its path values")
 
 
+TREE_FLAGS = ("total_tokens", "depth", "top_k", "draft_vocab")  # None: the preset's, the budget's or the default
+INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TREE_FLAGS, "threads")
+FLOAT_SETTINGS = ("temperature", "top_p")
+CHOICES: dict[str, tuple[str, ...]] = {"mode": MODES, "preset": tuple(sorted(PRESETS)), "budget": BUDGETS,
+                                       "dtype": DTYPE_CHOICES}
+PATH_SETTINGS = ("model", "head")  # a str or a pathlib.Path
+_DEFAULTS = DecodeConfig()
+
+
+def flag_name(name: str) -> str:
+    """A setting as the CLI spells it: max_new_tokens -> --max-new-tokens."""
+    return "--" + name.replace("_", "-")
+
+
+def keyword_name(name: str) -> str:
+    return name
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """The generate command's flags, typed: what the CLI parses and the notebook takes by keyword. Both
+    build one and call validate(), so a setting is checked the same way wherever it comes from. The
+    types are checked on construction (a notebook keyword of the wrong type is one SettingError)."""
+    mode: str = "dynamic"
+    preset: str | None = None
+    max_new_tokens: int = _DEFAULTS.max_new_tokens
+    temperature: float = _DEFAULTS.temperature
+    top_p: float = _DEFAULTS.top_p
+    top_k_sampling: int = _DEFAULTS.top_k_sampling
+    seed: int = _DEFAULTS.seed
+    total_tokens: int | None = None
+    depth: int | None = None
+    top_k: int | None = None
+    draft_vocab: int | None = None
+    budget: str | None = None
+    model: str = DEFAULT_MODEL
+    head: str = "auto"
+    device: str | None = None
+    dtype: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        optional = {f.name for f in fields(self) if f.default is None}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.name not in optional:
+                object.__setattr__(self, f.name, _typed(f.name, value))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_keywords(cls, keywords: dict) -> "DecodeSettings":
+        """The notebook's keywords; an unknown one is a SettingError listing the known ones."""
+        unknown = sorted(set(keywords) - set(cls.names()))
+        if unknown:
+            raise SettingError(f"unknown setting {', '.join(unknown)}: the settings are {', '.join(cls.names())}")
+        return cls(**keywords)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, mode: str | None = None) -> "DecodeSettings":
+        """The CLI's parsed flags (a command without --mode passes the mode it decodes in)."""
+        values = {k: getattr(args, k) for k in cls.names() if hasattr(args, k)}
+        return cls(**values, **({"mode": mode} if mode else {}))
+
+    def validate(self, name: Callable[[str], str] = keyword_name) -> DecodeConfig:
+        """Choices, ranges and combinations, before anything loads; `name` spells a setting in the
+        sentence (flag_name for the CLI). Returns the DecodeConfig these settings decode with."""
+        for key, allowed in CHOICES.items():
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise SettingError(f"{name(key)} must be one of {', '.join(allowed)}, got {value!r}")
+        check_seed(self.seed, name("seed"))
+        check_ranges(self, name)
+        try:
+            parse_device(self.device)
+        except ValueError as err:
+            raise SettingError(f"{name('device')}: {err}") from None
+        try:
+            cfg = self.config()
+        except SettingError as err:  # DecodeConfig names its field; say it as the caller spells it
+            field, _, rest = str(err).partition(" ")
+            raise SettingError(f"{name(field)} {rest}" if field in self.names() else str(err)) from None
+        check_budget(self.budget, cfg.mode, name)
+        return cfg
+
+    def config(self) -> DecodeConfig:
+        """The DecodeConfig: the preset's (or the defaults'), with the tree flags given applied."""
+        base = PRESETS[self.preset] if self.preset else DecodeConfig()
+        overrides = {k: getattr(self, k) for k in TREE_FLAGS if getattr(self, k) is not None}
+        return base.with_(mode=self.mode, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                          top_p=self.top_p, top_k_sampling=self.top_k_sampling, seed=check_seed(self.seed),
+                          **overrides)
+
+
+def _typed(key: str, value: object) -> object:
+    """`value` as the type of setting `key` (numpy integers are integers, Paths are text), or one
+    SettingError naming the setting. A bool is not a number here: max_new_tokens=True is a slip."""
+    if key in INT_SETTINGS:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        kind, cast = "an integer", int
+    elif key in FLOAT_SETTINGS:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        kind, cast = "a number", float
+    else:
+        ok = isinstance(value, str) or (key in PATH_SETTINGS and isinstance(value, os.PathLike))
+        kind, cast = "a string", str
+    if not ok:
+        raise SettingError(f"{key} must be {kind}, got {value!r} ({type(value).__name__})")
+    return cast(value)
+
+
 def config_from_args(args: argparse.Namespace, mode: str) -> DecodeConfig:
-    base = PRESETS[args.preset] if args.preset else DecodeConfig()
-    overrides = {k: getattr(args, k) for k in ("total_tokens", "depth", "top_k", "draft_vocab")
-                 if getattr(args, k) is not None}
-    return base.with_(mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      top_p=args.top_p, top_k_sampling=args.top_k_sampling, seed=check_seed(args.seed), **overrides)
+    """The DecodeConfig of parsed flags (bench: per mode); DecodeSettings.config does the work."""
+    return DecodeSettings.from_args(args, mode).config()
 
 
-def check_budget(budget: str | None, mode: str) -> None:
+def check_budget(budget: str | None, mode: str, name: Callable[[str], str] = flag_name) -> None:
     """A budget policy must be one of BUDGETS, and auto/adaptive size dynamic trees only."""
     if budget is not None and budget not in BUDGETS:
-        raise ValueError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+        raise SettingError(f"{name('budget')} must be one of {', '.join(BUDGETS)}, got {budget!r}")
     if budget in ("auto", "adaptive") and mode != "dynamic":
-        raise ValueError(f"--budget {budget} sizes dynamic trees only, but --mode is {mode}: drop --budget or use "
-                         "--mode dynamic")
+        raise SettingError(f"{name('budget')} {budget} sizes dynamic trees only, but {name('mode')} is {mode}: "
+                           f"drop {name('budget')} or use {name('mode')} dynamic")
 
 
-def budget_mode(args: argparse.Namespace, mode: str, device_type: str) -> str:
+def budget_mode(args: DecodeSettings, mode: str, device_type: str) -> str:
     """--budget as given (checked); fixed for a mode without a dynamic tree; otherwise auto on a CPU
     (the GPU-tuned defaults lose to vanilla there) unless the user chose the tree with --preset or an
     explicit size flag."""
@@ -83,8 +197,7 @@ def budget_mode(args: argparse.Namespace, mode: str, device_type: str) -> str:
         return args.budget
     if mode != "dynamic":
         return "fixed"
-    explicit = args.preset or any(getattr(args, k) is not None for k in ("total_tokens", "depth", "top_k",
-                                                                         "draft_vocab"))
+    explicit = args.preset or any(getattr(args, k) is not None for k in TREE_FLAGS)
     return "auto" if device_type == "cpu" and not explicit else "fixed"
 
 
@@ -97,10 +210,19 @@ class ModelSpec:
     dtype: str = "auto"
 
 
-def model_spec(args: argparse.Namespace, need_head: bool) -> ModelSpec:
+def model_spec(args: DecodeSettings, need_head: bool) -> ModelSpec:
     """The model flags as a ModelSpec; a hub head id is located (downloaded, or refused offline) here,
     before the target takes time to load."""
     return ModelSpec(str(args.model), locate_head(args.head) if need_head else None, args.device, str(args.dtype))
+
+
+def check_local_paths(settings: DecodeSettings, need_head: bool) -> None:
+    """A --model or --head given as a local path that is not there: its one sentence now, for a command
+    that makes its output directory before loading (hub ids are looked up when they load)."""
+    if need_head and looks_like_path(settings.head):  # the head first, as model_spec finds it before the load
+        locate_head(settings.head)
+    if settings.model != DEFAULT_MODEL and looks_like_path(settings.model):
+        locate_model(settings.model)
 
 
 def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:

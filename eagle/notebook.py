@@ -1,22 +1,24 @@
 """The notebook API: `from eagle import explore; r = explore("prompt", mode="dynamic", max_new_tokens=64)`.
 
-Settings are the `generate` command's flags by keyword (max_new_tokens=, total_tokens=, budget=, head=, ...).
+Settings are the `generate` command's flags by keyword (max_new_tokens=, total_tokens=, budget=, head=, ...),
+typed as eagle.loading.DecodeSettings and checked by the same validate() the CLI runs, before anything
+loads: a bad one (wrong type, out of range, a pair that cannot run) is one SettingError naming it.
 An Explorer loads each model pair once and reuses it; `explore()` uses one default Explorer, made on first
 use. (This module is not named explore.py: importing it would shadow the function `eagle.explore`.)
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import threading
 from dataclasses import dataclass
 
 import pandas as pd
+import torch
 
-from .checks import check_runtime_args
-from .loading import ModelSpec, add_decode_args, budget_mode, check_budget, config_from_args, load_pair, model_spec
-from .config import MODES, DecodeConfig
-from .decode import Generation, generate
+from .loading import DecodeSettings, ModelSpec, budget_mode, load_pair, model_spec
+from .config import DecodeConfig, SettingError
+from .decode import Generation, PromptError, generate
+from .target import ModelLoadError
 from .frames import nodes_frame, steps_frame
 from .tools.session import Session
 from .trace import Trace
@@ -51,19 +53,15 @@ class Exploration:
         return steps_frame(self.trace)
 
 
-def _settings(prompt: str, overrides: dict) -> argparse.Namespace:
-    """The generate command's defaults with the keywords applied; an unknown keyword is a TypeError."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--mode", choices=MODES, default="dynamic")
-    add_decode_args(parser)
-    args = parser.parse_args([])
-    unknown = sorted(set(overrides) - set(vars(args)))
-    if unknown:
-        raise TypeError(f"explore() got unknown settings {', '.join(unknown)}; it takes {', '.join(sorted(vars(args)))}")
-    if overrides.get("mode", "dynamic") not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {overrides['mode']!r}")
-    vars(args).update(overrides, prompt=prompt)
-    return args
+def checked_settings(prompt: object, keywords: dict) -> tuple[DecodeSettings, DecodeConfig]:
+    """The prompt and the keywords as typed settings and their DecodeConfig, checked before anything loads
+    by the validate() the CLI runs: SettingError naming the keyword otherwise."""
+    if not isinstance(prompt, str):
+        raise SettingError(f"prompt must be a string, got {prompt!r} ({type(prompt).__name__})")
+    if not prompt.strip():
+        raise PromptError("The prompt is empty: type something to generate from.")
+    settings = DecodeSettings.from_keywords(keywords)
+    return settings, settings.validate()
 
 
 class Explorer:
@@ -78,6 +76,18 @@ class Explorer:
     def loaded(self) -> list[ModelSpec]:
         return list(self._sessions)
 
+    def _load(self, settings: DecodeSettings, need_head: bool) -> Session:
+        """The pair the settings name; a head or model that cannot be found or read is the keyword's
+        SettingError (the CLI prints the same sentence)."""
+        try:
+            spec = model_spec(settings, need_head)
+        except (OSError, ModelLoadError) as err:  # no such head directory, or a hub id not to be had
+            raise SettingError(f"head={settings.head!r}: {err}") from None
+        try:
+            return self.session(spec)
+        except ModelLoadError as err:
+            raise SettingError(f"model={settings.model!r}: {err}") from None
+
     def session(self, spec: ModelSpec) -> Session:
         """The loaded pair for `spec`, loaded on first use."""
         with self._lock:
@@ -85,13 +95,12 @@ class Explorer:
                 self._sessions[spec] = Session.of(*load_pair(spec))
             return self._sessions[spec]
 
-    def explore(self, prompt: str, **settings) -> Exploration:
-        args = _settings(prompt, settings)
-        cfg = config_from_args(args, args.mode)
-        check_runtime_args(args)
-        check_budget(args.budget, cfg.mode)  # before a model loads
-        session = self.session(model_spec(args, cfg.mode != "vanilla"))
-        budget = budget_mode(args, cfg.mode, session.target.device.type)
+    def explore(self, prompt: str, **keywords) -> Exploration:
+        settings, cfg = checked_settings(prompt, keywords)
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
+        session = self._load(settings, cfg.mode != "vanilla")
+        budget = budget_mode(settings, cfg.mode, session.target.device.type)
         run = session.prepare(prompt, cfg, budget)  # run.header.meta["note"] says when auto fell back to vanilla
         result = generate(run.decoder, run.ids)
         run.header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
@@ -119,4 +128,4 @@ def explore(prompt: str, **settings) -> Exploration:
     return default_explorer().explore(prompt, **settings)
 
 
-__all__ = ["Exploration", "Explorer", "default_explorer", "explore"]
+__all__ = ["Exploration", "Explorer", "SettingError", "default_explorer", "explore"]

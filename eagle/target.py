@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import torch
 from safetensors.torch import save_file
 
-from .files import CommandError, atomic_write_json, exclusive_lock, read_json_or_none
+from .files import CommandError, atomic_write, atomic_write_json, exclusive_lock, read_json_or_none
 from .kvcache import KVCache, prefix_mask
 from .timing import time_interleaved
 
@@ -118,7 +118,7 @@ def _save_converted(model: torch.nn.Module, tokenizer, tmp: Path) -> None:
     tied lm_head.weight (safetensors' save_model keeps only one of two shared tensors), rope_theta
     beside rope_parameters, the architecture and a tokenizer class transformers 4.x knows."""
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    atomic_write(tmp / "model.safetensors", lambda path: save_file(state, str(path), metadata={"format": "pt"}))
     config = with_legacy_keys(model.config.to_dict(), torch.float32)
     config["architectures"] = [type(model).__name__]
     atomic_write_json(tmp / "config.json", config)

@@ -189,4 +189,4 @@ def test_per_category_sampling_keeps_file_order(capsys):
         with pytest.raises(ValueError):
             select_questions(questions, **bad)
     assert main(["--dataset", "mt_bench", "--per-category", "0"]) == 2
-    assert "per_category must be >= 1" in capsys.readouterr().err
+    assert "--per-category must be >= 1" in capsys.readouterr().err

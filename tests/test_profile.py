@@ -50,7 +50,7 @@ def test_profile_command_prints_and_writes_both_models(tiny_dir, tmp_path, capsy
     assert cli.main(["profile", "--model", str(tiny_dir), *FIXED, "--json", str(out)]) == 2  # never overwritten
     assert "--force" in _one_sentence(capsys.readouterr().err) and out.read_text() == before
     assert cli.main(["profile", "--model", str(tiny_dir), *FIXED, "--prompts", "0"]) == 2
-    assert "--prompts 0" in _one_sentence(capsys.readouterr().err)
+    assert "--prompts must be >= 1, got 0" in _one_sentence(capsys.readouterr().err)
     for no_tree in (["--preset", "vanilla"], ["--total-tokens", "1"]):  # nothing to profile: said, not run
         assert cli.main(["profile", "--model", str(tiny_dir), *no_tree]) == 2
         assert no_tree[0] in _one_sentence(capsys.readouterr().err)

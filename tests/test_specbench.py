@@ -12,6 +12,7 @@ from eagle.target import DEFAULT_MODEL, resolve_model_path
 from eagle.tools.bench import main
 from eagle.tools.specbench import answer_text, format_speedups, mean_speed, read_answers, special_texts, speedups
 from eagle.trace import read_trace
+from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture: the tiny model on disk)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 MODES = ("vanilla", "dynamic", "hf")
@@ -133,3 +134,56 @@ def test_answer_lines_are_sorted_by_question_id_as_spec_bench_leaves_them():
         return Trace(TraceHeader("m", None, {}, "q", 3, meta), [step])
     records = answer_records([trace(q) for q in (100, 81, 99, 82)], "m-vanilla", tstamp=0.0)
     assert [r["question_id"] for r in records] == [81, 82, 99, 100]
+
+
+# ---- an export never compares unlike runs (issue 37) -----------------------------------------------
+def _tiny_bench(tiny_dir, dataset, out, modes: str, *extra: str) -> list[str]:
+    return ["--model", str(tiny_dir), "--dataset", str(dataset), "--dtype", "float32", "--modes", modes,
+            "--baselines", "same", "--head", "random", "--budget", "fixed", "--total-tokens", "4", "--depth", "1",
+            "--top-k", "2", "--max-new-tokens", "8", "--limit", "2", "--out", str(out), *extra]
+
+
+def _listing(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, second, words", [
+    ("vanilla", ["--max-new-tokens", "16"], "vanilla.jsonl was made with max_new_tokens 8 and this run with 16"),
+    ("vanilla", ["--dtype", "bfloat16"], "vanilla.jsonl was made with dtype 'float32' and this run with 'bfloat16'"),
+    ("vanilla", ["--dataset", "{other}"], "vanilla.jsonl was made with dataset"),
+    ("vanilla", ["--temperature", "0.7"], "vanilla.jsonl was made with temperature 0.0 and this run with 0.7"),
+    ("vanilla", ["--limit", "3"], "vanilla.jsonl has no answer to question 3 turn 1 of this run"),
+    ("static", ["--head", "{head}"], "static.jsonl was made with head"),
+])
+def test_an_export_over_runs_of_other_settings_is_refused_before_anything_is_written(tiny_dir, tmp_path, capsys,
+                                                                                      first, second, words):
+    from eagle.head import new_head, save_head
+    from eagle.target import load_target
+    from tests.test_reliability import QUESTIONS, _questions
+    dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
+    other = _questions(tmp_path / "other.jsonl", [q.upper() for q in QUESTIONS])
+    if "{head}" in second:  # a head other than --head random's
+        save_head(new_head(load_target(str(tiny_dir), dtype="float32"), seed=7), tmp_path / "head")
+    out = tmp_path / "out"
+    assert main(_tiny_bench(tiny_dir, dataset, out, first)) == 0
+    before = _listing(out)
+    capsys.readouterr()
+    extra = [a.replace("{other}", str(other)).replace("{head}", str(tmp_path / "head")) for a in second]
+    assert main([*_tiny_bench(tiny_dir, dataset, out, "dynamic"), *extra, "--export", "spec-bench"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in err and len(lines) == 1 and words in lines[0], err
+    assert _listing(out) == before  # no trace of the new mode, no summary, no answer file
+
+
+@pytest.mark.slow
+def test_an_export_over_runs_of_the_same_settings_joins_them(tiny_dir, tmp_path, capsys):
+    from tests.test_reliability import QUESTIONS, _questions
+    dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
+    out = tmp_path / "out"
+    assert main(_tiny_bench(tiny_dir, dataset, out, "vanilla", "--limit", "3")) == 0  # a superset of questions
+    assert main([*_tiny_bench(tiny_dir, dataset, out, "dynamic"), "--export", "spec-bench"]) == 0
+    files = {p.name: read_answers(p) for p in sorted((out / "spec-bench").glob("*.jsonl"))}
+    assert len(files) == 2  # vanilla from the first run, dynamic from this one, over this run's 2 questions
+    assert all([a["question_id"] for a in answers] == [1, 2] for answers in files.values())

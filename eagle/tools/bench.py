@@ -14,6 +14,7 @@ run is refused, naming what differs); one lock per --out keeps a second run from
 from __future__ import annotations
 
 import argparse
+import io
 import copy
 import json
 import math
@@ -28,16 +29,17 @@ from tqdm import tqdm
 
 from .budget import Costs, expected_seconds, tuned_config, vanilla_name
 from .session import Session
-from .specbench import export_spec_bench, format_speedups, speedups
+from .specbench import RUN_FIELDS, RunSettings, check_same_run, export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
-from ..checks import check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, config_from_args, load_pair, model_spec
+from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
+from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, check_local_paths, config_from_args, \
+    flag_name, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..detok import TextWindow, next_text, token_text
 from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
 from ..head import head_sha256
-from ..questions import Question, load_questions, select_questions
+from ..questions import DATASETS, Question, load_questions, select_questions
 from ..timing import STEP_PHASES, phase_seconds
 from ..markdown import markdown_table
 from ..lossless import first_divergence, is_precision_flip, logit_gap_at
@@ -229,8 +231,9 @@ class Bench:
         return g.tokens, time.perf_counter() - t0, g.target_forwards, g.steps
 
     def header(self, spec: ModeSpec, q: Question, turn: int, messages: list[dict], n_ids: int,
-               seconds: float, n_tokens: int) -> TraceHeader:
+               seconds: float, n_tokens: int, dataset: str | None = None) -> TraceHeader:
         meta = {"question_id": q.question_id, "category": q.category, "turn": turn, "mode_label": spec.label,
+                **({"dataset": dataset} if dataset else {}),
                 "seconds": seconds, "new_tokens": n_tokens, "threads": torch.get_num_threads(),
                 "head_sha": self.head_sha(spec)}  # what resume checks (older stores have no head_version)
         return self.session(spec).header(messages, self.config_dict(spec), n_ids, **meta)
@@ -328,6 +331,7 @@ class Plan:
     turns: int
     specs: list[ModeSpec]
     out: Path
+    dataset: str = ""  # mt_bench, or the dataset file's absolute path (recorded in each trace)
 
     @property
     def reference(self) -> ModeSpec:
@@ -355,7 +359,7 @@ def _run_one(bench: Bench, plan: Plan, spec: ModeSpec, q: Question, turn: int,
     messages = _messages(bench, q, turn, done, plan.reference.label)
     ids = encode_prompt(bench.target.tokenizer, messages, bench.target.max_context)
     tokens, seconds, forwards, steps = bench.run(spec, ids)
-    header = bench.header(spec, q, turn, messages, len(ids), seconds, len(tokens))
+    header = bench.header(spec, q, turn, messages, len(ids), seconds, len(tokens), plan.dataset)
     append_trace(plan.trace_path(spec), Trace(header, steps))
     done[(q.question_id, turn, spec.label)] = Result(q.question_id, q.category, turn, spec.label, tokens,
                                                      seconds, forwards, steps, messages, len(ids))
@@ -546,7 +550,9 @@ def _clean(obj):
 def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dict[str, dict]) -> None:
     plan.out.mkdir(parents=True, exist_ok=True)
     table = steps_table(results, configs)
-    atomic_write(plan.out / "steps.parquet", lambda p: table.to_parquet(p, index=False))
+    parquet = io.BytesIO()
+    table.to_parquet(parquet, index=False)
+    atomic_write(plan.out / "steps.parquet", parquet.getvalue())
     atomic_write(plan.out / "summary.json", json.dumps(_clean(summary), indent=2, ensure_ascii=False))
     atomic_write(plan.out / "summary.md", summary_markdown(summary))
 
@@ -628,7 +634,7 @@ def json_line(summary: dict) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
+    p = ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Benchmark decoding modes on a question set, interleaved.")
     p.add_argument("--dataset", required=True, help="mt_bench or a JSONL file (question_id, category, turns)")
@@ -693,7 +699,7 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
         default, pairs = next(iter(loaded)), dict(loaded)
         spec = ModelSpec(str(args.model), pairs[default].source if need_head else None, args.device, default)
     else:
-        spec = model_spec(args, need_head)
+        spec = model_spec(DecodeSettings.from_args(args), need_head)
         target, head, source = load_pair(spec)
         default = dtype_name(target.dtype)
         pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
@@ -724,6 +730,7 @@ def _check_summary_owner(out: Path, overwrite: bool) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     """Every check that needs no model, then the run under the --out lock."""
+    check_runtime_args(args)
     questions, bad = load_questions(args.dataset)
     if bad:
         print(f"skipped {bad} bad record(s) in {args.dataset}", file=sys.stderr)
@@ -732,13 +739,16 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.dataset} holds no usable question")
     specs = parse_modes(args.modes)
     _check_budget_flag(args.budget, specs)
-    check_runtime_args(args)
+    settings = DecodeSettings.from_args(args)
+    settings.validate(flag_name)  # the decode flags, checked as generate checks them
     out = args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S")
     check_output(out, "--out", directory=True)
     _check_summary_owner(out, args.overwrite)
+    check_local_paths(settings, any(s.kind in ("static", "dynamic") for s in specs))  # before --out is made
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out / ".lock", f"bench --out {out}"):
-        return _run_locked(args, Plan(questions, args.turns, specs, out), bad)
+        dataset = args.dataset if args.dataset in DATASETS else str(Path(args.dataset).resolve())
+        return _run_locked(args, Plan(questions, args.turns, specs, out, dataset), bad)
 
 
 def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
@@ -749,6 +759,8 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     configs, budget_report, costs, predicted = build_configs(args, plan.specs, pairs, default_dtype)
     bench = Bench(pairs, default_dtype, configs, plan.specs, costs, predicted)
     by_id = {q.question_id: q for q in plan.questions}
+    if args.export == "spec-bench":  # before anything is written: the export must not mix unlike runs
+        check_same_run(plan.out, {s.label for s in plan.specs}, _run_settings(bench, plan, default_dtype))
     done: dict[Key, Result] = {}
     for spec in plan.specs:
         want = Expected(spec.label, bench.config_dict(spec), bench.pair(spec).target.name, bench.head_sha(spec), by_id)
@@ -770,13 +782,21 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     print_report(summary)
     if args.export == "spec-bench":
         tokenizer = bench.pairs[default_dtype].target.tokenizer  # speed.py recounts the baseline with it
-        files = export_spec_bench(plan.out, tokenizer)
+        files = export_spec_bench(plan.out, tokenizer, frozenset((qid, turn) for qid, turn, _ in plan.keys()))
         print(f"\nSpec-Bench answer files in {plan.out / 'spec-bench'} (per-question mean vs the bench's totals):")
         table, base = speedups(files, tokenizer)
         print(format_speedups(table, summary["modes"], base))
     if args.json:
         print(json_line(summary))
     return _check_lossless(summary, plan.specs)
+
+
+def _run_settings(bench: Bench, plan: Plan, default_dtype: str) -> RunSettings:
+    """What the Spec-Bench export requires every method in --out to share with this run."""
+    config = bench.config_dict(plan.specs[0])
+    return RunSettings(bench.target.name, {k: config.get(k) for k in RUN_FIELDS}, plan.dataset, default_dtype,
+                       bench.pairs[default_dtype].head_sha, {q.question_id: list(q.turns) for q in plan.questions},
+                       frozenset((qid, turn) for qid, turn, _ in plan.keys()))
 
 
 def _check_lossless(summary: dict, specs: list[ModeSpec]) -> int:

@@ -31,6 +31,7 @@ def export_head(head: str, fmt: str, out: Path, overwrite: bool = False, verifie
                 model: str = DEFAULT_MODEL) -> HeadLayout:
     """Read --head (auto: the shipped head for --model), write it to --out in layout `fmt`, and return
     the layout it was read from. The token counts (this repo's, for --draft-vocab) go along."""
+    check_output(out, "--out", directory=True)  # before the head is looked up: a wrong --out costs nothing
     src = head_dir(head, model)
     check_export_out(src, out, overwrite)
     ckpt, config = read_head(src)  # every refusal (unknown layout, bad d2t, ...) before anything is written

@@ -35,6 +35,66 @@ from ..files import atomic_write
 from ..trace import Trace, read_trace
 
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
+# What every method of one export must share: its answers are compared question by question.
+RUN_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k_sampling", "seed")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What this bench run's methods were made with; every other method in --out must match it to be
+    exported beside them (a mode's own dtype, `@float32`, is its choice; the others run at `dtype`)."""
+    model: str
+    config: dict  # RUN_FIELDS of the run's decode settings
+    dataset: str  # mt_bench, or the dataset file's absolute path
+    dtype: str  # the run's --dtype as resolved
+    head_sha: str | None  # the draft head's weights (None: this run loads no head)
+    user_turns: dict  # question_id -> the question's user turns in this run's dataset
+    keys: frozenset  # (question_id, turn) of this run
+
+
+def _mismatch(trace: Trace, want: RunSettings) -> tuple[str, object, object] | None:
+    """The first run setting `trace` differs from this run in, as (field, its value, this run's)."""
+    h, label = trace.header, str(trace.header.meta.get("mode_label", ""))
+    fields = [("model", h.model, want.model), *((k, h.config.get(k), want.config.get(k)) for k in RUN_FIELDS)]
+    if "dataset" in h.meta:
+        fields.append(("dataset", h.meta["dataset"], want.dataset))
+    if "@" not in label:
+        fields.append(("dtype", h.config.get("dtype"), want.dtype))
+    if h.meta.get("head_sha") is not None and want.head_sha is not None:
+        fields.append(("head", h.meta["head_sha"], want.head_sha))
+    messages = h.meta.get("messages") or [{"role": "user", "content": h.prompt}]
+    turns = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    asked = want.user_turns.get(h.meta.get("question_id"))
+    if asked is not None and turns != list(asked[:len(turns)]):
+        fields.append(("dataset", "another question text", f"{want.dataset}'s"))
+    return next(((k, old, new) for k, old, new in fields if old != new), None)
+
+
+def check_same_run(bench_out: Path, own_labels: set[str], want: RunSettings) -> None:
+    """Before a run that exports: every other method's trace file in --out must come from a run with this
+    run's settings and answer every question this run asks, or the export would compare unlike runs.
+    One sentence naming the file and the field otherwise, before anything is written."""
+    for path in sorted((bench_out / "traces").glob("*.jsonl")):
+        traces = [t for t in _finished(path) if t.header.meta.get("mode_label") not in own_labels]
+        for trace in traces:
+            diff = _mismatch(trace, want)
+            if diff:
+                field, old, new = diff
+                raise ValueError(f"{path} was made with {field} {old!r} and this run with {new!r}: --export "
+                                 "spec-bench compares every method in --out, so use a new --out or rerun its mode "
+                                 "with these settings.")
+        have = {(t.header.meta.get("question_id"), int(t.header.meta.get("turn", 0))) for t in traces}
+        missing = sorted(want.keys - have, key=lambda k: (_question_order(k[0]), k[1]))
+        if traces and missing:
+            qid, turn = missing[0]
+            raise ValueError(f"{path} has no answer to question {qid} turn {turn} of this run (its questions "
+                             "differ: --limit, --per-category or --turns): --export spec-bench compares every "
+                             "method in --out, so use a new --out or add its mode to --modes.")
+
+
+def _finished(path: Path) -> list[Trace]:
+    """A bench trace file's finished generations."""
+    return [t for t in read_trace(path)[0] if "mode_label" in t.header.meta and t.steps and t.steps[-1].finished]
 
 
 def special_texts(tokenizer: Any) -> tuple[str, ...]:
@@ -100,15 +160,20 @@ def method_id(trace_file: Path, traces: list[Trace]) -> str:
     meta = traces[0].header.meta
     dtype = str(meta.get("dtype", ""))
     method = trace_file.stem if dtype in trace_file.stem else f"{trace_file.stem}-{dtype}".rstrip("-")
-    return f"{traces[0].header.model}-{method}"
+    # the model's own name: a local directory's last part, a hub id's NAME (a slash would make the
+    # answer file a path elsewhere, outside --out for an absolute directory)
+    model = str(traces[0].header.model).rstrip("/").rsplit("/", 1)[-1]
+    return f"{model}-{method}"
 
 
-def export_spec_bench(bench_out: Path, tokenizer: Any) -> dict[str, Path]:
-    """Write <bench_out>/spec-bench/<model_id>.jsonl for every mode's trace file; returns mode -> file."""
+def export_spec_bench(bench_out: Path, tokenizer: Any, keys: frozenset | None = None) -> dict[str, Path]:
+    """Write <bench_out>/spec-bench/<model_id>.jsonl for every mode's trace file, over the (question_id,
+    turn) `keys` of the run (None: all; check_same_run has made sure each file answers them all);
+    returns mode -> file."""
     written, specials = {}, special_texts(tokenizer)
     for trace_file in sorted((bench_out / "traces").glob("*.jsonl")):
-        traces = [t for t in read_trace(trace_file)[0] if "mode_label" in t.header.meta and t.steps
-                  and t.steps[-1].finished]
+        traces = [t for t in _finished(trace_file)
+                  if keys is None or (t.header.meta.get("question_id"), int(t.header.meta["turn"])) in keys]
         if not traces:
             continue
         model_id = method_id(trace_file, traces)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import atomic_write
+from ..files import atomic_write, torch_bytes
 from ..head import COUNTS_FILE, read_head, read_token_counts, shipped_head_path, top_token_ids
 from ..target import DEFAULT_MODEL
 
@@ -44,5 +44,5 @@ def export_token_map(out: Path, head: str, k: int, model: str, force: bool) -> t
     if out.exists() and not force:
         raise ValueError(f"--out {out} exists; pass --force to replace it")
     ids = token_map(head, k, model)
-    atomic_write(out, lambda tmp: torch.save(ids, tmp))
+    atomic_write(out, torch_bytes(ids))
     return ids

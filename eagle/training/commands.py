@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checks import check_argv, check_output, check_runtime_args
+from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
 from ..files import atomic_write, run_guarded
 from ..head import HEAD_KINDS
 from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
@@ -170,7 +170,7 @@ def _run_ablation(args: argparse.Namespace, target: Target) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
+    parser = ArgumentParser(prog="python -m eagle", description="Train an EAGLE draft head.")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"prepare": "extract target features (optionally self-distilling the replies first)",
                 "train": "train the head on extracted features",
@@ -216,15 +216,17 @@ def _check_paths(args: argparse.Namespace) -> None:
             load_questions(cfg.questions)  # a missing question file fails before training, not after it
         outputs = {"--out": args.out}
     elif args.command == "evaluate":
-        check_features(Path(args.features))
         if not (Path(args.head) / "config.json").is_file():
             raise FileNotFoundError(f"--head {args.head}: no head there (config.json missing)")
         if args.json:
             check_output(Path(args.json), "--json", directory=False)
             if Path(args.json).exists():
                 raise ValueError(f"--json {args.json} already exists: give another file name or delete it.")
+        check_features(Path(args.features))
         outputs = {}
     elif args.command == "train":
+        if args.init and not (Path(args.init) / "config.json").is_file():
+            raise FileNotFoundError(f"--init {args.init}: no head there (config.json missing)")
         check_features(Path(args.features))
         outputs = {"--out": args.out, "--final-dir": args.final_dir}
         if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:

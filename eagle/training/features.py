@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
@@ -37,7 +37,7 @@ Sample = tuple[torch.Tensor, torch.Tensor]  # (input_ids (T,), loss_mask (T,))
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Atomically (eagle.files): an interrupted run never leaves a half-written file that looks finished."""
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+    atomic_write(path, save(tensors))
 
 
 # --- feature extraction ---------------------------------------------------------------------------

@@ -18,14 +18,13 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from ..files import atomic_write, atomic_write_json
+from ..files import atomic_write, atomic_write_json, locked_append
 
 FORMAT = "eagle2-explorer self-distill v1"
 MANIFEST = "manifest.json"
@@ -142,12 +141,9 @@ class DistillStore:
 
     # ---- writing --------------------------------------------------------------------------------
     def append(self, records: list[dict]) -> None:
-        """Append finished records to the open window (one write, fsynced)."""
+        """Append finished records to the open window (one locked write, fsynced; a full disk names the file)."""
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        with open(self.root / OPEN_FILE, "a", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        locked_append(self.root / OPEN_FILE, text.encode("utf-8"))
 
     def seal(self, end_index: int, info: dict) -> dict:
         """Move the open window's records into the next chunk, covering [next_index, end_index)."""

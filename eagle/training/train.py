@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger
+from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
 from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_tensors, save_head, top_token_ids
 from ..target import Target, dtype_name
 from .features import Sequence, check_features, count_tokens, load_shards
@@ -49,7 +49,7 @@ def save_checkpoint(path: Path, head: AnyHead, opt: torch.optim.Optimizer, step:
                  gen=gen.get_state(), rng=torch.get_rng_state())
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, torch_bytes(state))
 
 
 def load_checkpoint(path: Path, head: AnyHead, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:
