@@ -74,7 +74,7 @@ def check_value(value: object, path: str | Path, field: str, kind: str) -> objec
     return value
 
 
-def check_in(value: object, choices: tuple | set | frozenset, path: str | Path, field: str) -> object:
+def check_in(value: object, choices: tuple, path: str | Path, field: str) -> object:
     if isinstance(value, bool) or value not in choices:
         fail(path, field, f"is {value!r:.40}, not one of {', '.join(map(repr, sorted(choices, key=str)))}")
     return value

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import operator
+import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +40,9 @@ from eagle.training.store import MANIFEST as STORE_MANIFEST
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats, check_record
 from tests.tiny import tiny_target
 
-FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+# 30 examples per format keep the file well under a minute; EAGLE_FUZZ_EXAMPLES=500 searches deeper.
+FUZZ = settings(max_examples=int(os.environ.get("EAGLE_FUZZ_EXAMPLES", 30)), deadline=None,
+                suppress_health_check=list(HealthCheck))
 VOCAB, HIDDEN = 12, 32  # tests.tiny's model
 
 # ---- mutations ----------------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def check_costs(d: dict, path: str | Path, what: str = "costs") -> dict:
     (base, per expansion) seconds by "top_k/vocab" (draft)."""
     check_object(d, path, what, COSTS_KINDS, COSTS_OPTIONAL)
     _check_seconds(d["verify"], path, f"{what} field 'verify'")
-    _check_seconds(d.get("prefill", {}), path, f"{what} field 'prefill'")
+    _check_seconds(d.get("prefill", {}), path, f"{what} field 'prefill'", empty=True)
     for context, by_n in d.get("verify_by_context", {}).items():
         _check_count(context, path, f"{what} field 'verify_by_context'")
         check_value(by_n, path, f"{what} field 'verify_by_context' {context!r}", "dict")
@@ -175,7 +175,9 @@ def _check_count(key: str, path: str | Path, field: str) -> int:
     return int(key)
 
 
-def _check_seconds(by_n: dict, path: str | Path, field: str) -> None:
+def _check_seconds(by_n: dict, path: str | Path, field: str, empty: bool = False) -> None:
+    if not by_n and not empty:
+        fail(path, field, "is empty (no time measured)")
     for n, seconds in by_n.items():
         _check_count(n, path, field)
         check_value(seconds, path, f"{field} {n!r}", "nonneg")

@@ -319,7 +319,7 @@ def check_shard(shard: dict[str, torch.Tensor], path: Path, target_config=None) 
     to the token count, never decreasing) and, given the target's config, with the model (feature
     width H, or 3H for EAGLE-3's three layers; ids within the vocabulary). Returns the offsets."""
     if not SHARD_KEYS <= set(shard):
-        fail(path, "shard", f"lacks {sorted(SHARD_KEYS - set(shard))} (not a feature shard)")
+        raise FileFormatError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
     tokens = len(check_tensor(shard["input_ids"], path, "input_ids", (None,), "int"))
     check_tensor(shard["loss_mask"], path, "loss_mask", (tokens,), "bool")
     h = None if target_config is None else target_config.hidden_size

@@ -196,7 +196,8 @@ def check_manifest(manifest: dict, path: Path) -> dict:
     """The manifest's format, settings and chunk entries: each chunk a plain file name with its hash,
     the chunks covering consecutive conversation windows from 0."""
     if manifest.get("format") != FORMAT:
-        fail(path, "field 'format'", f"is not {FORMAT!r} (not a self-distillation manifest)")
+        fail(path, "field 'format'", f"is {manifest.get('format')!r:.40}: this is not a self-distillation manifest "
+                                     f"({FORMAT})")
     check_object(manifest.get("settings"), path, "field 'settings'", SETTING_KINDS)
     chunks = manifest.get("chunks", [])
     if not isinstance(chunks, list):
