@@ -11,6 +11,8 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .files import atomic_write
@@ -19,7 +21,7 @@ from .kvcache import ChainKeys, KVCache
 from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
 from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
 from .resources import resource_path
-from .schema import FileFormatError
+from .schema import FileFormatError, is_kind
 from .target import hub_offline, looks_like_path, with_legacy_keys
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
@@ -141,14 +143,36 @@ def head_config(fields: dict, file: Path) -> LlamaConfig:
     """A head's config fields (eagle.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
     sentence naming the file when its sizes cannot make attention heads or transformers refuses it."""
     _check_head_sizes(fields, file)
+    _check_head_numbers(fields, file)
     try:
         return LlamaConfig(**{**fields, "num_hidden_layers": 1})
-    except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' own validation
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as err:  # transformers' own
+        # validation: a dtype name torch lacks, id2label that is no object, ...
         raise FileFormatError(f"Head config {file} is not a Llama config ({' '.join(str(err).split())}).") from None
 
 
 OTHER_SIZES = ("intermediate_size", "vocab_size", "head_dim", "draft_vocab_size", "target_hidden_size")
 REQUIRED_SIZES = ("intermediate_size", "vocab_size")  # the others may be null (derived, or not EAGLE-3)
+
+
+def _check_head_numbers(fields: dict, file: Path) -> None:
+    """What the layer computes with beside its sizes: a norm epsilon and a rotary base > 0, a rotary type and
+    an activation that transformers has (a NaN epsilon or a zero base would draft from NaN features)."""
+    rope = fields.get("rope_parameters") or fields.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise FileFormatError(f"Head config {file}: rope_parameters is {rope!r:.40}, not an object.")
+    numbers = {"rms_norm_eps": fields.get("rms_norm_eps", 1e-6),
+               "rope_theta": rope.get("rope_theta", fields.get("rope_theta", 10000.0))}
+    for name, value in numbers.items():
+        if not (is_kind(value, "num") and value > 0):
+            raise FileFormatError(f"Head config {file}: {name} is {value!r:.40}, not a number > 0.")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and (not isinstance(rope_type, str) or rope_type not in ROPE_INIT_FUNCTIONS):
+        raise FileFormatError(f"Head config {file}: rope_type {rope_type!r:.40} is not a rotary embedding "
+                              "transformers knows.")
+    act = fields.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in ACT2FN:
+        raise FileFormatError(f"Head config {file}: hidden_act {act!r:.40} is not an activation transformers knows.")
 
 
 def _check_head_sizes(fields: dict, file: Path) -> None:

@@ -186,6 +186,8 @@ def detect_layout(config: dict, state: dict[str, torch.Tensor], config_file: Pat
     if has["midlayer."] and has["layers.0."]:
         raise HeadLayoutError(f"{weights_file} holds both midlayer.* (EAGLE-3) and layers.0.* (EAGLE-1/2) tensors.")
     arch = config.get("architectures") or []
+    if not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise HeadLayoutError(f"Head config {config_file}: architectures is {arch!r:.40}, not a list of names.")
     if has["midlayer."]:
         return SPECFORGE if EAGLE3_ARCHITECTURE in arch else EAGLE3
     if has["layers.0."] and "fc.weight" in state:

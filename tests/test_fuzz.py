@@ -298,7 +298,7 @@ def test_a_malformed_auto_report_is_chosen_again(data) -> None:
 
 
 # ---- head config.json and weights -------------------------------------------------------------------
-SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+SHAPE_FIELDS = (  # those config.json's tensor shapes follow from"hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
                 "head_dim", "draft_vocab_size", "target_hidden_size")
 
 
@@ -339,10 +339,13 @@ def test_head_is_loaded_or_refused(data, kind) -> None:
     files = dict(_head_files(kind))
     with tempfile.TemporaryDirectory() as tmp:
         what = data.draw(st.sampled_from(("config", "weights", "counts", "truncate")))
-        if what == "config":
+        if what == "config":  # any field, or one the shapes come from set to another size
             config = json.loads(files["config.json"])
-            field = data.draw(st.sampled_from([f for f in SHAPE_FIELDS if f in config]))
-            config[field] = data.draw(st.sampled_from((None, -1, 0, 1, 3, 7, 10**6, "x", [config[field]])))
+            if data.draw(st.booleans()):
+                config = data.draw(mutated(config))
+            else:
+                field = data.draw(st.sampled_from([f for f in SHAPE_FIELDS if f in config]))
+                config[field] = data.draw(st.sampled_from((None, -1, 0, 1, 3, 7, 10**6, "x", [config[field]])))
             files["config.json"] = dumps(config).encode()
         elif what in ("weights", "counts"):
             name = "model.safetensors" if what == "weights" else COUNTS_FILE
@@ -363,6 +366,9 @@ def test_head_is_loaded_or_refused(data, kind) -> None:
             assert str(head_dir) in str(err)
             return
     assert head.config.vocab_size == VOCAB and int(head.token_counts.min()) >= 0
+    width = HIDDEN * (3 if kind == "eagle3" else 1)  # the head drafts: finite features out
+    out = head(torch.tensor([[1, 2]]), torch.randn(1, 2, width), torch.tensor([[3, 4]]))
+    assert out.shape == (1, 2, HIDDEN) and bool(out.isfinite().all())
     if kind == "eagle3":
         ids = head.d2t + torch.arange(head.d2t.numel())
         assert int(ids.min()) >= 0 and int(ids.max()) < VOCAB

@@ -120,9 +120,11 @@ def export_spec_bench(bench_out: Path, tokenizer: Any) -> dict[str, Path]:
     return written
 
 
-ANSWER_KINDS = {"category": "str", "answer_id": "str", "model_id": "str", "choices": "list", "tstamp": "num"}
-CHOICE_KINDS = {"index": "nat", "turns": "list", "decoding_steps": "ints", "new_tokens": "ints",
-                "wall_time": "list", "accept_lengths": "ints"}
+# What speed.py reads is required; what answer_records adds beside it is checked where present.
+ANSWER_KINDS, ANSWER_OPTIONAL = {"choices": "list"}, {"category": "str", "answer_id": "str", "model_id": "str",
+                                                      "tstamp": "num"}
+CHOICE_KINDS = {"turns": "list", "new_tokens": "list", "wall_time": "list"}
+CHOICE_OPTIONAL = {"index": "nat", "decoding_steps": "ints", "accept_lengths": "ints"}
 
 
 def read_answers(path: Path) -> list[dict]:
@@ -144,13 +146,13 @@ def read_answers(path: Path) -> list[dict]:
 def check_answer(obj: object, path: Path, what: str) -> dict:
     """One question's answer as answer_records writes it: one choice whose turns, new_tokens and wall_time
     have one entry per turn (tokens and seconds >= 0)."""
-    check_object(obj, path, what, ANSWER_KINDS)
+    check_object(obj, path, what, ANSWER_KINDS, ANSWER_OPTIONAL)
     qid = obj.get("question_id")
     if not (type(qid) is int or (isinstance(qid, str) and qid)):
         check_value(qid, path, f"{what} field 'question_id'", "int")
     if len(obj["choices"]) != 1:
         fail(path, f"{what} field 'choices'", f"holds {len(obj['choices'])} choices, not one")
-    choice = check_object(obj["choices"][0], path, f"{what} choices[0]", CHOICE_KINDS)
+    choice = check_object(obj["choices"][0], path, f"{what} choices[0]", CHOICE_KINDS, CHOICE_OPTIONAL)
     turns = len(choice["turns"])
     for field in ("turns", "new_tokens", "wall_time"):
         kind = {"turns": "str", "new_tokens": "nat", "wall_time": "nonneg"}[field]
