@@ -8,7 +8,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.trace import Trace, TraceFormatError, read_trace
+from eagle.schema import FileFormatError
+from eagle.trace import Trace, read_trace
 
 from . import state
 from .persist import save, seed
@@ -29,7 +30,7 @@ def read_files(paths: list[Path], names: list[str] | None = None) -> Loaded:
     for path, name in zip(paths, names or [str(p) for p in paths]):
         try:
             traces, report = read_trace(path)
-        except TraceFormatError as err:
+        except FileFormatError as err:
             out.errors.append(f"{name} is not a readable trace: {err}")
             continue
         except OSError as err:

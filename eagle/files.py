@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 
 from safetensors import SafetensorError as _SafetensorError
 
+from .schema import FileFormatError
+
 
 class CommandError(RuntimeError):
     """A failure whose message tells the user what to fix (the command boundary prints just that)."""
@@ -137,9 +139,9 @@ def read_json_object(path: Path, label: str = "", fix: str = "") -> dict:
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{name} is not valid JSON ({err}){fix}.") from None
+        raise FileFormatError(f"{name} is not valid JSON ({err}){fix}.") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"{name} is not a JSON object{fix}.")
+        raise FileFormatError(f"{name} is not a JSON object{fix}.")
     return obj
 
 

@@ -11,6 +11,8 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import save
 from torch import nn
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from .files import atomic_write
@@ -19,14 +21,15 @@ from .kvcache import ChainKeys, KVCache
 from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
 from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
 from .resources import resource_path
+from .schema import FileFormatError, is_kind
 from .target import hub_offline, looks_like_path, with_legacy_keys
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
 HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target name
 
 
-class HeadMismatchError(ValueError):
-    """A draft head does not fit its target (vocabulary or hidden size)."""
+class HeadMismatchError(FileFormatError):
+    """A draft head does not fit its target (vocabulary or hidden size) or its weights its config.json."""
 
 
 def head_config_from_target(target_config, **overrides) -> LlamaConfig:
@@ -140,10 +143,36 @@ def head_config(fields: dict, file: Path) -> LlamaConfig:
     """A head's config fields (eagle.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
     sentence naming the file when its sizes cannot make attention heads or transformers refuses it."""
     _check_head_sizes(fields, file)
+    _check_head_numbers(fields, file)
     try:
         return LlamaConfig(**{**fields, "num_hidden_layers": 1})
-    except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' own validation
-        raise ValueError(f"Head config {file} is not a Llama config ({' '.join(str(err).split())}).") from None
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as err:  # transformers' own
+        # validation: a dtype name torch lacks, id2label that is no object, ...
+        raise FileFormatError(f"Head config {file} is not a Llama config ({' '.join(str(err).split())}).") from None
+
+
+OTHER_SIZES = ("intermediate_size", "vocab_size", "head_dim", "draft_vocab_size", "target_hidden_size")
+REQUIRED_SIZES = ("intermediate_size", "vocab_size")  # the others may be null (derived, or not EAGLE-3)
+
+
+def _check_head_numbers(fields: dict, file: Path) -> None:
+    """What the layer computes with beside its sizes: a norm epsilon and a rotary base > 0, a rotary type and
+    an activation that transformers has (a NaN epsilon or a zero base would draft from NaN features)."""
+    rope = fields.get("rope_parameters") or fields.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise FileFormatError(f"Head config {file}: rope_parameters is {rope!r:.40}, not an object.")
+    numbers = {"rms_norm_eps": fields.get("rms_norm_eps", 1e-6),
+               "rope_theta": rope.get("rope_theta", fields.get("rope_theta", 10000.0))}
+    for name, value in numbers.items():
+        if not (is_kind(value, "num") and value > 0):
+            raise FileFormatError(f"Head config {file}: {name} is {value!r:.40}, not a number > 0.")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and (not isinstance(rope_type, str) or rope_type not in ROPE_INIT_FUNCTIONS):
+        raise FileFormatError(f"Head config {file}: rope_type {rope_type!r:.40} is not a rotary embedding "
+                              "transformers knows.")
+    act = fields.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in ACT2FN:
+        raise FileFormatError(f"Head config {file}: hidden_act {act!r:.40} is not an activation transformers knows.")
 
 
 def _check_head_sizes(fields: dict, file: Path) -> None:
@@ -152,12 +181,18 @@ def _check_head_sizes(fields: dict, file: Path) -> None:
     sizes = {"hidden_size": fields.get("hidden_size"), "num_attention_heads": heads,
              "num_key_value_heads": fields.get("num_key_value_heads") or heads}  # null: as many as heads
     if not all(type(v) is int and v > 0 for v in sizes.values()):
-        raise ValueError(f"Head config {file}: {sizes} must be positive integers.")
+        raise FileFormatError(f"Head config {file}: {sizes} must be positive integers.")
+    for name in OTHER_SIZES:  # every other size a module is built from, where the config gives it
+        value = fields.get(name, 1)  # absent: LlamaConfig's default
+        if value is None and name not in REQUIRED_SIZES:
+            continue
+        if not (type(value) is int and value > 0):
+            raise FileFormatError(f"Head config {file}: {name} is {value!r:.40}, not a positive integer.")
     h, heads, kv = sizes.values()
     if h % heads:
-        raise ValueError(f"Head config {file}: hidden_size {h} does not divide by num_attention_heads {heads}.")
+        raise FileFormatError(f"Head config {file}: hidden_size {h} does not divide by num_attention_heads {heads}.")
     if heads % kv:
-        raise ValueError(f"Head config {file}: num_attention_heads {heads} does not divide by "
+        raise FileFormatError(f"Head config {file}: num_attention_heads {heads} does not divide by "
                          f"num_key_value_heads {kv}.")
 
 
@@ -198,6 +233,9 @@ def _check_tensors(head: AnyHead, ckpt: Checkpoint) -> None:
              if v.shape != own[k].shape]
     if wrong:
         raise HeadMismatchError(f"Head {file}: the weights do not match its config.json: {', '.join(wrong[:3])}.")
+    broken = next((k for k, v in ckpt.state.items() if v.is_floating_point() and not bool(v.isfinite().all())), None)
+    if broken is not None:
+        raise FileFormatError(f"{file}: the tensor {broken} holds NaN or infinite values: copy it again.")
 
 
 def load_head(path: str | Path, target=None) -> AnyHead:
@@ -244,13 +282,13 @@ def read_token_counts(path: str | Path, vocab_size: int) -> torch.Tensor | None:
         return None
     counts = read_tensors(file).get("token_counts")
     if counts is None:
-        raise ValueError(f"{file} holds no token_counts tensor: copy it again, or delete it to use the head "
+        raise FileFormatError(f"{file} holds no token_counts tensor: copy it again, or delete it to use the head "
                          "without counts.")
     if counts.shape != (vocab_size,):
-        raise ValueError(f"{file} holds token_counts of shape {tuple(counts.shape)}, not one count per token of "
+        raise FileFormatError(f"{file} holds token_counts of shape {tuple(counts.shape)}, not one count per token of "
                          f"the head's vocabulary of {vocab_size}.")
     if counts.is_floating_point() or counts.is_complex() or bool((counts < 0).any()):
-        raise ValueError(f"{file} holds token_counts that are not counts (negative or not integers, "
+        raise FileFormatError(f"{file} holds token_counts that are not counts (negative or not integers, "
                          f"{str(counts.dtype).removeprefix('torch.')}).")
     return counts.long()
 

@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from .files import atomic_write, atomic_write_json, read_json_object
+from .schema import FileFormatError
 from .target import with_legacy_keys
 
 EAGLE, EAGLE3, SPECFORGE, SPECULATORS = "eagle", "eagle3", "specforge", "speculators"
@@ -65,7 +66,7 @@ def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
     return layers
 
 
-class HeadLayoutError(ValueError):
+class HeadLayoutError(FileFormatError):
     """A head directory in no known layout, or inconsistent with its own layout (one sentence naming the
     file and the field; the command boundary turns a ValueError into exit code 2)."""
 
@@ -124,7 +125,7 @@ def read_tensors(file: Path, fix: str = "copy it again") -> dict[str, torch.Tens
     try:
         return load_file(str(file))
     except SafetensorError as err:
-        raise ValueError(f"{file} is corrupt or incomplete ({err}): {fix}.") from None
+        raise FileFormatError(f"{file} is corrupt or incomplete ({err}): {fix}.") from None
 
 
 def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
@@ -133,10 +134,10 @@ def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError):
-        raise ValueError(f"{file} is corrupt or incomplete (not a readable PyTorch state dict): copy it again.") \
+        raise FileFormatError(f"{file} is corrupt or incomplete (not a readable PyTorch state dict): copy it again.") \
             from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{file} is not a state dict of tensors: copy it again.")
+        raise FileFormatError(f"{file} is not a state dict of tensors: copy it again.")
     return state
 
 
@@ -185,6 +186,8 @@ def detect_layout(config: dict, state: dict[str, torch.Tensor], config_file: Pat
     if has["midlayer."] and has["layers.0."]:
         raise HeadLayoutError(f"{weights_file} holds both midlayer.* (EAGLE-3) and layers.0.* (EAGLE-1/2) tensors.")
     arch = config.get("architectures") or []
+    if not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise HeadLayoutError(f"Head config {config_file}: architectures is {arch!r:.40}, not a list of names.")
     if has["midlayer."]:
         return SPECFORGE if EAGLE3_ARCHITECTURE in arch else EAGLE3
     if has["layers.0."] and "fc.weight" in state:

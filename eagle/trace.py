@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .files import atomic_write, locked_append
+from .schema import FileFormatError
 
 SCHEMA, VERSION = "eagle2-explorer/trace", 3
 INTERRUPTED = "interrupted"  # the last step's `finished` when the generation was cut short
@@ -170,8 +171,8 @@ class ReadReport:
         return next((e for e in self.errors if word in e), self.errors[0] if self.errors else "")
 
 
-class TraceFormatError(ValueError):
-    """A file is not an eagle2-explorer trace at all."""
+class TraceFormatError(FileFormatError):
+    """A file is not an eagle2-explorer trace at all (no readable trace in it)."""
 
 
 def _lines(trace: Trace) -> str:

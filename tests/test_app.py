@@ -375,7 +375,7 @@ def test_measured_speedup_is_read_from_the_newest_bench_run(tmp_path):
     for name, speedup in (("20261201-000000", 1.05), ("20261202-000000", 1.17)):
         (tmp_path / name).mkdir()
         modes = {"vanilla": {"speedup": 1.0}, "dynamic:auto": {"speedup": speedup}}
-        (tmp_path / name / "summary.json").write_text(json.dumps({"modes": modes}))
+        (tmp_path / name / "summary.json").write_text(json.dumps({"modes": modes, "configs": {}, "generations": 2}))
     (tmp_path / "20261203-000000").mkdir()
     (tmp_path / "20261203-000000" / "summary.json").write_text("{half written")
     got = measured_auto_speedup(tmp_path)

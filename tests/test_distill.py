@@ -51,13 +51,15 @@ def test_store_resumes_window_by_window_and_survives_bad_lines(target, convs, tm
     prompts = {i: _render_ids(target.tokenizer, first_exchange(convs[i]), True) for i in range(5, len(convs))}
     k = next(i for i, p in prompts.items() if len(p) <= CFG.max_prompt_tokens)
     reply, cut = generate_batch(target, [prompts[k]], CFG)[0]
-    good = {"id": k, "conversations": [], "truncated": cut, "new_tokens": len(reply), "marker": True}
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    good = {"id": k, "conversations": turns, "truncated": cut, "new_tokens": len(reply), "marker": True}
     (store_dir / OPEN_FILE).write_text(json.dumps(good) + "\n\nnot json\n" + '{"id": 7, "conv')
     read = ReadStats()
     assert set(DistillStore.open(store_dir).read_open(read)) == {k}
     assert read.bad_lines == 1 and read.torn_tail
     second = regenerate(target, convs, store_dir, CFG, progress=False, window=3)
     assert second.already_done == 5 and second.regenerated + second.skipped_long == len(convs) - 6
+    assert second.bad_lines == 1  # the bad middle line, said once; the good record kept
     records = {r["id"]: r for r in DistillStore.open(store_dir).records()}
     assert records[k].get("marker") and all(records[i] == r for i, r in sealed.items())
     distilled, truncated = read_distilled(store_dir, limit=len(convs))

@@ -714,7 +714,8 @@ def test_distill_open_file_bad_lines_are_skipped_and_counted(tmp_path):
     """A blank and a bad line in the middle of open.jsonl cost only themselves; a torn tail is cut."""
     store = DistillStore.open(tmp_path, {"model": "m", "target_sha256": "x", "max_new_tokens": 1,
                                          "max_prompt_tokens": 1, "temperature": 0.0, "seed": 0})
-    records = [{"id": i, "conversations": [], "truncated": False, "new_tokens": 1} for i in range(4)]
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    records = [{"id": i, "conversations": turns, "truncated": False, "new_tokens": 1} for i in range(4)]
     lines = [json.dumps(records[0]), "", "{not json", *map(json.dumps, records[1:])]
     (tmp_path / OPEN_FILE).write_text("\n".join(lines) + '\n{"id": 9, "conv')
     stats = ReadStats()

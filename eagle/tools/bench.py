@@ -37,8 +37,9 @@ from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, 
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..detok import TextWindow, next_text, token_text
-from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_or_none, run_guarded
+from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_object, run_guarded
 from ..head import head_sha256
+from ..schema import FileFormatError, check_object, check_value
 from ..questions import DATASETS, Question, load_questions, select_questions
 from ..timing import STEP_PHASES, phase_seconds
 from ..markdown import markdown_table
@@ -251,6 +252,23 @@ Key = tuple[object, int, str]  # (question_id, turn, mode label)
 
 
 RESULT_META = ("question_id", "category", "turn", "mode_label", "seconds")
+# The kinds (eagle.schema) of what a stored generation's header meta holds for resume and the summary.
+RESULT_KINDS = {"category": "str", "turn": "nat", "mode_label": "str", "seconds": "nonneg"}
+RESULT_OPTIONAL = {"messages": "list", "head_sha": "str?", "new_tokens": "nat"}
+
+
+def check_result_meta(trace: Trace, path: Path) -> None:
+    """A stored generation's meta, checked before resume reuses it (a malformed one is generated again)."""
+    meta = trace.header.meta
+    what = f"the header of generation {trace.header.generation or '?'} meta"
+    check_object(meta, path, what, RESULT_KINDS, RESULT_OPTIONAL)
+    qid = meta["question_id"]
+    if not (type(qid) is int or (isinstance(qid, str) and qid)):
+        check_value(qid, path, f"{what} field 'question_id'", "int")
+    if meta["turn"] < 1:
+        check_value(None, path, f"{what} field 'turn'", "nat")  # a turn counts from 1
+    for i, m in enumerate(meta.get("messages") or []):
+        check_object(m, path, f"{what} messages[{i}]", {"role": "str", "content": "str"})
 
 
 def _result_of(trace: Trace) -> Result:
@@ -313,14 +331,23 @@ def load_store(path: Path, want: Expected) -> dict[Key, Result]:
     traces, report = read_trace(path)
     for message in report.messages(path):
         print(f"note: {message}", file=sys.stderr)
-    done = {}
+    done, bad = {}, []
     for t in traces:
-        if t.interrupted or not all(k in t.header.meta for k in RESULT_META) \
-                or t.header.meta["mode_label"] != want.label:
+        if t.interrupted or not all(k in t.header.meta for k in RESULT_META):
+            continue
+        try:
+            check_result_meta(t, path)
+        except FileFormatError as err:
+            bad.append(str(err))
+            continue
+        if t.header.meta["mode_label"] != want.label:
             continue
         _check_reusable(path, t, want)
         r = _result_of(t)
         done[(r.question_id, r.turn, r.mode)] = r
+    if bad:
+        print(f"note: {path}: skipped {len(bad)} stored generation(s) with a malformed header, to run again; "
+              f"first: {bad[0]}", file=sys.stderr)
     return done
 
 
@@ -718,14 +745,29 @@ def _check_budget_flag(budget: str | None, specs: list[ModeSpec]) -> None:
         raise ValueError("--budget auto sizes dynamic trees, but --modes has no dynamic mode")
 
 
+SUMMARY_KINDS = {"modes": "dict", "configs": "dict", "generations": "nat"}
+# Each mode's figures: null where undefined (no baseline, NaN), else a finite number >= 0.
+MODE_FIGURES = ("tau", "speedup", "tokens_per_second", "mean_accept_length", "tokens", "seconds")
+
+
+def read_summary(path: Path) -> dict:
+    """A bench summary.json (what the dashboard shows and `bench` refuses to overwrite unless it wrote it):
+    an object with modes, configs and generations, each mode's figures null or a number >= 0."""
+    summary = check_object(read_json_object(path, "bench summary"), path, "summary", SUMMARY_KINDS)
+    for mode, figures in summary["modes"].items():
+        check_object(figures, path, f"modes[{mode!r}]", {}, {k: "nonneg?" for k in MODE_FIGURES})
+    return summary
+
+
 def _check_summary_owner(out: Path, overwrite: bool) -> None:
     """bench rewrites its own summary.json from its traces; one it did not write is the user's."""
     path = out / "summary.json"
     if path.exists() and not overwrite:
-        old = read_json_or_none(path)
-        if old is None or not {"modes", "configs", "generations"} <= set(old):
-            raise ValueError(f"{path} was not written by bench: move it, use another --out, or pass --overwrite "
-                             "to replace it")
+        try:
+            read_summary(path)
+        except (FileFormatError, OSError) as err:
+            raise ValueError(f"{path} was not written by bench ({err}): move it, use another --out, or pass "
+                             "--overwrite to replace it") from None
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from ..adaptive import RoundCosts, interpolate
 from ..config import DecodeConfig
 from ..decode import Decoder, Drafter, TokenTexts, draft_round, encode_prompt, generate, new_drafter
 from ..files import atomic_write_json, read_json_or_none
+from ..schema import FileFormatError, check_in, check_object, check_value, fail, is_kind
 from ..head import AnyHead, DraftHead
 from ..target import Target, cache_dir, choose_cpu_dtype, device_name, dtype_name
 from ..questions import load_questions
@@ -134,12 +135,52 @@ def cost_path(key: str) -> Path:
 
 
 def load_costs(key: str) -> Costs | None:
+    """The cached costs of `key`, or None (measured again) when missing, stale or malformed."""
     path = cost_path(key)
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        return Costs.from_json(d) if d.get("version") == COSTS_VERSION and d.get("key") == key else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError):  # missing or stale: measure again
+    d = read_json_or_none(path)
+    if d is None or d.get("version") != COSTS_VERSION or d.get("key") != key:
         return None
+    try:
+        return Costs.from_json(check_costs(d, path))
+    except FileFormatError:
+        return None
+
+
+COSTS_KINDS = {"version": "int", "key": "str", "verify": "dict", "draft": "dict", "overhead": "nonneg"}
+COSTS_OPTIONAL = {"meta": "dict", "verify_by_context": "dict", "prefill": "dict", "host_tree": "nonneg",
+                  "host_plain": "nonneg"}
+
+
+def check_costs(d: dict, path: str | Path, what: str = "costs") -> dict:
+    """A cost cache: seconds >= 0 by token count (verify, prefill, verify over each context), and
+    (base, per expansion) seconds by "top_k/vocab" (draft)."""
+    check_object(d, path, what, COSTS_KINDS, COSTS_OPTIONAL)
+    _check_seconds(d["verify"], path, f"{what} field 'verify'")
+    _check_seconds(d.get("prefill", {}), path, f"{what} field 'prefill'", empty=True)
+    for context, by_n in d.get("verify_by_context", {}).items():
+        _check_count(context, path, f"{what} field 'verify_by_context'")
+        check_value(by_n, path, f"{what} field 'verify_by_context' {context!r}", "dict")
+        _check_seconds(by_n, path, f"{what} field 'verify_by_context' {context!r}")
+    for shape, pair in d["draft"].items():
+        if not re.fullmatch(r"[0-9]+/[0-9]+", shape):
+            fail(path, f"{what} field 'draft'", f"has the key {shape!r:.40}, not top_k/vocab")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_kind(v, "nonneg") for v in pair)):
+            fail(path, f"{what} field 'draft' {shape!r}", f"is {pair!r:.40}, not two seconds >= 0")
+    return d
+
+
+def _check_count(key: str, path: str | Path, field: str) -> int:
+    if not (key.isdigit() and key.isascii() and int(key) > 0):
+        fail(path, field, f"has the key {key!r:.40}, not a token count")
+    return int(key)
+
+
+def _check_seconds(by_n: dict, path: str | Path, field: str, empty: bool = False) -> None:
+    if not by_n and not empty:
+        fail(path, field, "is empty (no time measured)")
+    for n, seconds in by_n.items():
+        _check_count(n, path, field)
+        check_value(seconds, path, f"{field} {n!r}", "nonneg")
 
 
 def save_costs(costs: Costs) -> Path:
@@ -561,7 +602,7 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
     fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
-    report = None if refresh else read_json_or_none(path)
+    report = None if refresh else read_auto_report(path, ns, top_ks, vocabs)
     if report is not None and measured_under_load(report["t_verify"]["1"], probe_t1(target, head)):
         report, refresh = None, True  # its costs were timed under load: measure and choose again
     if report is None:
@@ -570,6 +611,51 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     fastest = fastest_vanilla(target, report["t_plain"])
     report = {**report, "auto_file": str(path), **against_fastest(report, fastest)}
     return base_cfg.with_(**report["chosen"]), report
+
+
+REPORT_KINDS = {"curve": "list", "vanilla_tokens_per_s": "nonneg", "t_plain": "nonneg", "t_verify": "dict",
+                "alpha": "num", "chosen": "dict", "expected_tokens_per_s": "nonneg", "expected_speedup": "nonneg",
+                "expected_accept_length": "nonneg", "costs": "dict", "accept_table": "dict", "top": "list",
+                "by_context": "list", "best_per_vocab": "list"}
+ACCEPT_KINDS = {"ns": "ints", "depths": "ints", "top_ks": "ints", "vocabs": "ints", "grid": "dict"}
+
+
+def read_auto_report(path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
+                     vocabs: tuple[int, ...]) -> dict | None:
+    """A cached auto-budget report, or None (chosen again) when missing or malformed: its costs a cost
+    cache, its choice within the searched grid and on its curve, its accept table a grid per top_k/vocab."""
+    report = read_json_or_none(path)
+    if report is None:
+        return None
+    try:
+        check_object(report, path, "report", REPORT_KINDS)
+        t_verify = report["t_verify"]
+        _check_seconds(t_verify, path, "field 't_verify'")
+        if "1" not in t_verify or t_verify["1"] <= 0 or report["t_plain"] <= 0:
+            fail(path, "field 't_verify' or 't_plain'", "lacks the one-token time")
+        check_costs(report["costs"], path, "field 'costs'")
+        _check_choice(report, path, ns, top_ks, vocabs)
+        check_object(report["accept_table"], path, "field 'accept_table'", ACCEPT_KINDS)
+        for shape, grid in report["accept_table"]["grid"].items():
+            if not re.fullmatch(r"[0-9]+/[0-9]+", shape) or not isinstance(grid, list):
+                fail(path, f"field 'accept_table' grid {shape!r:.40}", "is not a grid of a top_k/vocab")
+    except FileFormatError:
+        return None
+    return report
+
+
+def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
+                  vocabs: tuple[int, ...]) -> None:
+    chosen = check_object(report["chosen"], path, "field 'chosen'", {k: "nat" for k in BUDGET_KEYS})
+    check_in(chosen["total_tokens"], ns, path, "field 'chosen' total_tokens")
+    check_in(chosen["top_k"], top_ks, path, "field 'chosen' top_k")
+    check_in(chosen["draft_vocab"], vocabs, path, "field 'chosen' draft_vocab")
+    if chosen["depth"] < 1:
+        fail(path, "field 'chosen' depth", "is below 1")
+    for i, row in enumerate(report["curve"]):
+        check_object(row, path, f"field 'curve' [{i}]", {"total_tokens": "nat"})
+    if not any(row["total_tokens"] == chosen["total_tokens"] for row in report["curve"]):
+        fail(path, "field 'curve'", "lacks the chosen total_tokens")
 
 
 def fastest_vanilla(target: Target, t1: float) -> dict:

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 from ..stats import mean_rate, speedup
 from ..files import atomic_write
+from ..schema import check_object, check_value, fail
 from ..trace import Trace, read_trace
 
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
@@ -184,9 +185,47 @@ def export_spec_bench(bench_out: Path, tokenizer: Any, keys: frozenset | None = 
     return written
 
 
+# What speed.py reads is required; what answer_records adds beside it is checked where present.
+ANSWER_KINDS, ANSWER_OPTIONAL = {"choices": "list"}, {"category": "str", "answer_id": "str", "model_id": "str",
+                                                      "tstamp": "num"}
+CHOICE_KINDS = {"turns": "list", "new_tokens": "list", "wall_time": "list"}
+CHOICE_OPTIONAL = {"index": "nat", "decoding_steps": "ints", "accept_lengths": "ints"}
+
+
 def read_answers(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A Spec-Bench answer file, every line checked (check_answer): one sentence naming the line and field
+    of the first malformed one. The file is an export to compare, so a bad line is refused, not skipped."""
+    answers = []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as err:  # also UnicodeDecodeError
+                fail(path, f"line {lineno}", f"is not valid JSON ({err})")
+            answers.append(check_answer(obj, path, f"line {lineno}"))
+    return answers
+
+
+def check_answer(obj: object, path: Path, what: str) -> dict:
+    """One question's answer as answer_records writes it: one choice whose turns, new_tokens and wall_time
+    have one entry per turn (tokens and seconds >= 0)."""
+    check_object(obj, path, what, ANSWER_KINDS, ANSWER_OPTIONAL)
+    qid = obj.get("question_id")
+    if not (type(qid) is int or (isinstance(qid, str) and qid)):
+        check_value(qid, path, f"{what} field 'question_id'", "int")
+    if len(obj["choices"]) != 1:
+        fail(path, f"{what} field 'choices'", f"holds {len(obj['choices'])} choices, not one")
+    choice = check_object(obj["choices"][0], path, f"{what} choices[0]", CHOICE_KINDS, CHOICE_OPTIONAL)
+    turns = len(choice["turns"])
+    for field in ("turns", "new_tokens", "wall_time"):
+        kind = {"turns": "str", "new_tokens": "nat", "wall_time": "nonneg"}[field]
+        if len(choice[field]) != turns or not turns:
+            fail(path, f"{what} choices[0] field {field!r}", f"has {len(choice[field])} entries for {turns} turn(s)")
+        for i, value in enumerate(choice[field]):
+            check_value(value, path, f"{what} choices[0] field {field!r} [{i}]", kind)
+    return obj
 
 
 def mean_speed(answers: list[dict]) -> float:

@@ -15,13 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
 from ..head import COUNTS_FILE, HEAD_KINDS, read_tensors
 from ..layouts import eagle3_feature_layers
+from ..schema import FileFormatError, check_ids, check_in, check_object, check_offsets, check_tensor
 from ..target import Target, dtype_name
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
@@ -109,7 +109,18 @@ def read_manifest(features_dir: Path) -> dict | None:
     path = features_dir / MANIFEST
     if not path.exists():
         return None
-    return read_json_object(path, fix=": prepare into a new --features")
+    manifest = read_json_object(path, fix=": prepare into a new --features")
+    check_object(manifest, path, "manifest", {}, MANIFEST_FIELDS)  # all optional: older manifests lack some
+    if "head_type" in manifest:
+        check_in(manifest["head_type"], HEAD_KINDS, path, "manifest field 'head_type'")
+    return manifest
+
+
+# The kind of every field prepare records (eagle.schema kinds), checked where the manifest is read.
+MANIFEST_FIELDS = {"model": "str", "target_sha256": "str", "dtype": "str", "n_conversations": "nat",
+                   "max_len": "nat", "heldout_fraction": "num", "seed": "nat", "shard_size": "nat",
+                   "self_distill": "dict?", "head_type": "str", "feature_layers": "ints?",
+                   "first_conversation": "nat", "samples_sha256": "str", "stats": "dict"}
 
 
 def _check_manifest(out_dir: Path, manifest: dict) -> None:
@@ -143,13 +154,15 @@ def samples_sha256(samples: dict[str, list[Sample]]) -> str:
     return h.hexdigest()
 
 
-def _shard_ok(path: Path, keys: set[str]) -> bool:
-    """A shard that opens and holds every tensor (a file damaged after its atomic write does not)."""
+def _shard_ok(path: Path, keys: set[str], target_config) -> bool:
+    """A shard that opens, holds every tensor and passes check_shard against the target (a file damaged
+    or replaced after its atomic write does not)."""
     try:
-        with safe_open(str(path), "pt") as f:
-            return keys <= set(f.keys())
-    except (SafetensorError, OSError):
+        shard = read_tensors(path)
+        check_shard(shard, path, target_config)
+    except (FileFormatError, OSError):
         return False
+    return keys <= set(shard)
 
 
 @dataclass
@@ -163,6 +176,7 @@ class PrepareStats:
     heldout_tokens: int = 0
     shards_written: int = 0
     shards_skipped: int = 0
+    shards_damaged: int = 0  # shards found malformed on resume and extracted again
     forwards: int = 0  # target forwards run by this call (0 when everything was already done)
     distilled: int = 0  # conversations whose reply the target regenerated (self-distillation)
     distilled_truncated: int = 0  # of those, replies cut at the distillation's max_new_tokens
@@ -252,10 +266,11 @@ def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Pat
     bar = tqdm(jobs, desc="extract", unit="shard")
     for split, i, chunk in bar:
         path = out_dir / f"{split}-{i // shard_size:05d}.safetensors"
-        if path.exists() and _shard_ok(path, shard_keys(layers)):
+        if path.exists() and _shard_ok(path, shard_keys(layers), target.config):
             stats.shards_skipped += 1
             continue
         if path.exists():
+            stats.shards_damaged += 1
             log.warning("%s is damaged: extracting it again", path.name)
         start = time.perf_counter()
         tokens = _write_shard(target, chunk, path, layers)
@@ -263,7 +278,8 @@ def _write_shards(target: Target, samples: dict[str, list[Sample]], out_dir: Pat
         stats.shards_written += 1
         log.info("wrote %s: %d samples, %d tokens, %.1f s", path.name, len(chunk), tokens,
                  time.perf_counter() - start)
-    log.info("shards: %d written, %d already there", stats.shards_written, stats.shards_skipped)
+    log.info("shards: %d written (%d of them damaged before), %d already there", stats.shards_written,
+             stats.shards_damaged, stats.shards_skipped)
 
 
 
@@ -278,17 +294,17 @@ class Sequence:
     targets: torch.Tensor | None = None  # EAGLE-3: (T, H) post-norm last features (None: `features` are those)
 
 
-def load_shards(features_dir: str | Path, split: str, last_layer_only: bool = False) -> list[Sequence]:
-    """All samples of one split, in shard order (fp16 features stay fp16 to halve memory).
+def load_shards(features_dir: str | Path, split: str, last_layer_only: bool = False,
+                target_config=None) -> list[Sequence]:
+    """All samples of one split, in shard order (fp16 features stay fp16 to halve memory), each shard
+    checked (`check_shard`; widths and token ids against `target_config` when given).
     last_layer_only reads an EAGLE-3 directory as an EAGLE-1/2 head sees it: its `target_features` are
     exactly the post-norm last hidden states an EAGLE-1 prepare stores, so both head types can train on
     one extraction (the ablation's "same data")."""
     seqs = []
     for path in sorted(Path(features_dir).glob(f"{split}-*.safetensors")):
         shard = read_tensors(path, "run prepare again on this --features to extract it anew")
-        if not SHARD_KEYS <= set(shard):
-            raise ValueError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
-        offsets = shard["offsets"].tolist()
+        offsets = check_shard(shard, path, target_config)
         feats, last = shard["features"], shard.get("target_features")
         if last_layer_only and last is not None:
             feats, last = last, None
@@ -297,6 +313,23 @@ def load_shards(features_dir: str | Path, split: str, last_layer_only: bool = Fa
                                  None if last is None else last[a:b]))
     return seqs
 
+
+def check_shard(shard: dict[str, torch.Tensor], path: Path, target_config=None) -> list[int]:
+    """A shard's tensors agree with each other (one id, mask and feature row per token, offsets from 0
+    to the token count, never decreasing) and, given the target's config, with the model (feature
+    width H, or 3H for EAGLE-3's three layers; ids within the vocabulary). Returns the offsets."""
+    if not SHARD_KEYS <= set(shard):
+        raise FileFormatError(f"{path} is not a feature shard (it lacks {sorted(SHARD_KEYS - set(shard))}).")
+    tokens = len(check_tensor(shard["input_ids"], path, "input_ids", (None,), "int"))
+    check_tensor(shard["loss_mask"], path, "loss_mask", (tokens,), "bool")
+    h = None if target_config is None else target_config.hidden_size
+    three = "target_features" in shard  # an EAGLE-3 extraction: three layers' inputs and the last feature
+    check_tensor(shard["features"], path, "features", (tokens, None if h is None else 3 * h if three else h), "float")
+    if three:
+        check_tensor(shard["target_features"], path, "target_features", (tokens, h), "float")
+    if target_config is not None:
+        check_ids(shard["input_ids"], target_config.vocab_size, path, "input_ids")
+    return check_offsets(shard["offsets"], tokens, path)
 
 
 def check_features(features_dir: Path) -> dict | None:

@@ -24,7 +24,8 @@ from typing import Iterator
 
 import torch
 
-from ..files import atomic_write, atomic_write_json, locked_append
+from ..files import atomic_write, atomic_write_json, locked_append, read_json_object
+from ..schema import FileFormatError, check_in, check_object, fail
 
 FORMAT = "eagle2-explorer self-distill v1"
 MANIFEST = "manifest.json"
@@ -35,6 +36,13 @@ HELDOUT_RULE = ("eagle.training.data.is_heldout: a conversation is held out when
 # not one: fp32 and bf16 give the target's own greedy reply up to near-ties, and the faster one differs
 # by machine (bf16 is 3x slower than fp32 on a CPU without native bf16), so each chunk records its own.
 SETTING_FIELDS = ("model", "target_sha256", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
+# The kinds (eagle.schema) of the manifest, its settings, each chunk entry and each reply record.
+SETTING_KINDS = {"model": "str", "target_sha256": "str", "max_new_tokens": "nat", "max_prompt_tokens": "nat",
+                 "temperature": "num", "seed": "nat"}
+CHUNK_KINDS = {"file": "str", "first_index": "nat", "end_index": "nat", "records": "nat", "new_tokens": "nat",
+               "truncated": "nat", "sha256": "str"}
+RECORD_KINDS = {"id": "nat", "conversations": "list", "truncated": "bool", "new_tokens": "nat"}
+ROLES = ("system", "human", "gpt")  # ShareGPT's names of the turns a record holds
 
 
 def target_sha256(model: torch.nn.Module) -> str:
@@ -71,12 +79,7 @@ class DistillStore:
         path = root / MANIFEST
         manifest = {}
         if path.is_file():
-            try:
-                manifest = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError:
-                raise ValueError(f"{path} is not valid JSON: restore it from git or remove the store.") from None
-            if manifest.get("format") != FORMAT:
-                raise ValueError(f"{path} is not a self-distillation manifest ({FORMAT}).")
+            manifest = check_manifest(read_json_object(path, fix=": restore it from git or remove the store"), path)
         elif settings is None:
             raise FileNotFoundError(f"No self-distilled data at {root} (expected {MANIFEST}).")
         store = cls(root, manifest)
@@ -98,15 +101,26 @@ class DistillStore:
 
     # ---- reading --------------------------------------------------------------------------------
     def chunk_records(self) -> Iterator[dict]:
+        """Every record of the sealed chunks. A chunk is committed data whose hash the manifest holds, so a
+        bad one is refused (restore it from git), never skipped."""
         for chunk in self.manifest.get("chunks", []):
-            data = (self.root / chunk["file"]).read_bytes()
+            path = self.root / chunk["file"]
+            if not path.is_file():
+                raise FileFormatError(f"{self.root / MANIFEST} lists the chunk {chunk['file']}, which is missing: "
+                                      "restore it from git.")
+            data = path.read_bytes()
             if hashlib.sha256(data).hexdigest() != chunk["sha256"]:
-                raise ValueError(f"{self.root / chunk['file']} does not match its manifest hash: restore it from git.")
+                raise FileFormatError(f"{path} does not match its manifest hash: restore it from git.")
+            try:
+                text = gzip.decompress(data).decode("utf-8")
+            except (OSError, EOFError, UnicodeDecodeError) as err:
+                raise FileFormatError(f"{path} is not gzip-compressed UTF-8 ({err}): restore it from git.") from None
             # split on "\n" only: str.splitlines would also cut at U+2028 and friends, which
             # json.dumps(ensure_ascii=False) leaves raw inside a reply's text
-            for line in gzip.decompress(data).decode("utf-8").split("\n"):
+            for lineno, line in enumerate(text.split("\n"), 1):
                 if line:
-                    yield json.loads(line)
+                    yield check_record(_json_line(line, path, lineno), path, f"line {lineno}",
+                                       range(chunk["first_index"], chunk["end_index"]))
 
     def read_open(self, stats: ReadStats | None = None) -> dict[int, dict]:
         """Records of the unsealed window (ids past next_index). A torn last line is cut so appends
@@ -122,15 +136,16 @@ class DistillStore:
             with open(path, "r+b") as fh:
                 fh.truncate(keep)
         out = {}
-        for line in raw[:keep].splitlines():
-            try:
-                rec = json.loads(line)
-                index = int(rec["id"])
-            except (ValueError, KeyError, TypeError):
-                stats.bad_lines += int(bool(line.strip()))
+        for lineno, line in enumerate(raw[:keep].split(b"\n"), 1):
+            if not line.strip():
                 continue
-            if index >= self.next_index:  # older ones were sealed before the file was cleared
-                out[index] = rec
+            try:
+                rec = check_record(_json_line(line, path, lineno), path, f"line {lineno}")
+            except FileFormatError:
+                stats.bad_lines += 1  # skipped, never truncated away: the rest of the window is kept
+                continue
+            if rec["id"] >= self.next_index:  # older ones were sealed before the file was cleared
+                out[rec["id"]] = rec
         return out
 
     def records(self) -> list[dict]:
@@ -164,6 +179,51 @@ class DistillStore:
         atomic_write_json(self.root / MANIFEST, self.manifest)
         (self.root / OPEN_FILE).unlink(missing_ok=True)  # its records are now in the chunk
         return chunk
+
+
+def _json_line(line: str | bytes, path: Path, lineno: int) -> object:
+    try:
+        return json.loads(line)
+    except ValueError as err:  # also UnicodeDecodeError
+        fail(path, f"line {lineno}", f"is not valid JSON ({err})")
+
+
+def check_manifest(manifest: dict, path: Path) -> dict:
+    """The manifest's format, settings and chunk entries: each chunk a plain file name with its hash,
+    the chunks covering consecutive conversation windows from 0."""
+    if manifest.get("format") != FORMAT:
+        fail(path, "field 'format'", f"is {manifest.get('format')!r:.40}: this is not a self-distillation manifest "
+                                     f"({FORMAT})")
+    check_object(manifest.get("settings"), path, "field 'settings'", SETTING_KINDS)
+    chunks = manifest.get("chunks", [])
+    if not isinstance(chunks, list):
+        fail(path, "field 'chunks'", "is not a list")
+    end = 0
+    for i, chunk in enumerate(chunks):
+        what = f"chunks[{i}]"
+        check_object(chunk, path, what, CHUNK_KINDS)
+        if Path(chunk["file"]).name != chunk["file"] or chunk["file"] in ("", ".", ".."):
+            fail(path, f"{what} field 'file'", f"is {chunk['file']!r}, not a file name in the store")
+        if chunk["first_index"] != end or chunk["end_index"] < end:
+            fail(path, what, f"covers conversations [{chunk['first_index']}, {chunk['end_index']}), "
+                             f"not a window starting at {end}")
+        end = chunk["end_index"]
+    return manifest
+
+
+def check_record(rec: object, path: Path, what: str, ids: range | None = None) -> dict:
+    """One reply record: its id (within the chunk's window), its ShareGPT turns, truncated, new_tokens."""
+    check_object(rec, path, what, RECORD_KINDS)
+    if ids is not None and rec["id"] not in ids:
+        fail(path, f"{what} field 'id'", f"is {rec['id']}, outside the chunk's conversations "
+                                          f"[{ids.start}, {ids.stop})")
+    if not rec["conversations"]:
+        fail(path, f"{what} field 'conversations'", "is empty")
+    for j, turn in enumerate(rec["conversations"]):
+        where = f"{what} conversations[{j}]"
+        check_object(turn, path, where, {"from": "str", "value": "str"})
+        check_in(turn["from"], ROLES, path, f"{where} field 'from'")
+    return rec
 
 
 def _totals(chunks: list[dict]) -> dict:

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
-from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_tensors, save_head, top_token_ids
+from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_token_counts, save_head, top_token_ids
 from ..target import Target, dtype_name
 from .features import Sequence, check_features, count_tokens, load_shards
 from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
@@ -114,22 +114,27 @@ def _train_step(head: AnyHead, opt: torch.optim.Optimizer, batch: dict[str, torc
     return {k: float(v.detach()) for k, v in losses.items()}
 
 
-def _split(features_dir: Path, split: str, head_type: str) -> list[Sequence]:
-    """One split as a head of this type reads it (an EAGLE-3 extraction carries the EAGLE-1 features too)."""
-    return load_shards(features_dir, split, last_layer_only=head_type == "eagle1")
+def _split(features_dir: Path, split: str, head_type: str, target: Target) -> list[Sequence]:
+    """One split as a head of this type reads it (an EAGLE-3 extraction carries the EAGLE-1 features too),
+    its shards checked against the target (feature width, token ids)."""
+    return load_shards(features_dir, split, last_layer_only=head_type == "eagle1", target_config=target.config)
 
 
-def _read_counts(features_dir: Path) -> torch.Tensor:
-    return read_tensors(features_dir / COUNTS_FILE, "run prepare again on this --features")["token_counts"]
+def _read_counts(features_dir: Path, target: Target) -> torch.Tensor:
+    """The train split's token counts, checked as a head's are (one count >= 0 per token of the vocabulary)."""
+    counts = read_token_counts(features_dir, target.config.vocab_size)
+    if counts is None:
+        raise FileNotFoundError(f"{features_dir / COUNTS_FILE} is missing: run prepare again on this --features.")
+    return counts
 
 
-def _load_data(features_dir: Path, head_type: str, log: logging.Logger,
+def _load_data(features_dir: Path, head_type: str, target: Target, log: logging.Logger,
                train_samples: int = 0) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
-    train, heldout = _split(features_dir, "train", head_type), _split(features_dir, "heldout", head_type)
+    train, heldout = (_split(features_dir, split, head_type, target) for split in ("train", "heldout"))
     if train_samples > len(train):
         raise ValueError(f"train_samples {train_samples}: {features_dir} holds only {len(train)} training samples.")
     # Shards keep ShareGPT's order, so the first N samples are the first conversations: data fractions nest.
-    counts = _read_counts(features_dir)
+    counts = _read_counts(features_dir, target)
     if train_samples:  # the draft vocabulary and soft-CE rows come from the subset's own tokens, as prepare counts
         train = train[:train_samples]
         counts = count_tokens([(s.input_ids, s.loss_mask) for s in train], counts.numel())
@@ -211,7 +216,7 @@ def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path
 def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
                   final_dir: str | Path | None, progress: bool) -> dict:
     log = run_logger("train", out_dir / "train.log")
-    train, heldout, counts = _load_data(features_dir, cfg.head_type, log, cfg.train_samples)
+    train, heldout, counts = _load_data(features_dir, cfg.head_type, target, log, cfg.train_samples)
     draft_ids = top_token_ids(counts, cfg.draft_vocab_size) if cfg.head_type == "eagle3" else None
     head = _init_head(target, cfg.seed, cfg.head_type, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -271,11 +276,11 @@ def evaluate_head(target: Target, head_dir: str | Path, features_dir: str | Path
     manifest = check_features(features_dir)
     head = _fp32(load_head(head_dir, target), target).eval()  # as train's own held-out evaluation runs it
     _check_features_for(head.kind, manifest, features_dir)
-    heldout = _split(features_dir, "heldout", head.kind)
+    heldout = _split(features_dir, "heldout", head.kind, target)
     if not heldout:
         raise ValueError(f"{features_dir} has no held-out samples: prepare it with --heldout-fraction > 0.")
     heldout = heldout[:samples] if samples > 0 else heldout
-    lm_full, lm_weight = _lm_weights(target, head, _read_counts(features_dir), vocab_k)
+    lm_full, lm_weight = _lm_weights(target, head, _read_counts(features_dir, target), vocab_k)
     metrics = evaluate(head, heldout, lm_weight, lm_full, batch, full_ce=True, amp=_amp(target),
                        loss=default_loss(head.kind))
     return {"head": str(head_dir), "head_type": head.kind, "features": str(features_dir),
