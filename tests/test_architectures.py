@@ -1,7 +1,5 @@
 """The architecture matrix (README "Architectures"): every family decodes losslessly on a tiny random fp32
 model, sliding windows included, or is refused before its weights load in one sentence."""
-import json
-
 import pytest
 import torch
 
@@ -69,7 +67,7 @@ def _model_dir(tmp_path, config, weights: bool):
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    vocab = {f"t{i}": i for i in range(config.vocab_size)}
+    vocab = {f"t{i}": i for i in range(config.get_text_config().vocab_size)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), unk_token="t0")
     tok.save_pretrained(tmp_path)
     if weights:
@@ -89,13 +87,22 @@ def test_gemma2_loads_with_eager_attention(tmp_path, single_thread):
     assert out.tokens == ref[0, len(PROMPT):].tolist()
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"use_bidirectional_attention": True}, "use_bidirectional_attention set"),
+def _multimodal_gemma3():
+    import transformers as tf
+    return tf.Gemma3Config(text_config=family_config("gemma3-window").to_dict())
+
+
+def _bidirectional_gemma3():
+    config = family_config("gemma3-window")
+    config.use_bidirectional_attention = True
+    return config
+
+
+@pytest.mark.parametrize("make, message", [
+    (_bidirectional_gemma3, "use_bidirectional_attention set: it is an encoder"),
+    (_multimodal_gemma3, "is a multimodal checkpoint"),
 ])
-def test_unsupported_attention_is_refused_before_loading(tmp_path, edit, message):
-    """A directory with no weights at all: the refusal must come from the config alone."""
-    path = _model_dir(tmp_path, family_config("gemma3-window"), weights=False)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+def test_unsupported_checkpoints_are_refused_before_loading(tmp_path, make, message):
+    """A directory with no weights at all: the one-sentence refusal must come from the config alone."""
     with pytest.raises(ModelLoadError, match=message):
-        load_target(path, dtype="float32")
+        load_target(_model_dir(tmp_path, make(), weights=False), dtype="float32")

@@ -56,6 +56,7 @@ def family_config(family: str, vocab: int = 16):
         "qwen3": lambda: tf.Qwen3Config(**common, head_dim=8),
         "mistral": lambda: tf.MistralConfig(**common, sliding_window=None),
         "mistral-window": lambda: tf.MistralConfig(**common, sliding_window=WINDOW),
+        "phi3": lambda: tf.Phi3Config(**common, sliding_window=None),
         "phi3-window": lambda: tf.Phi3Config(**common, sliding_window=WINDOW),
         "gemma2-window": lambda: tf.Gemma2Config(**common, head_dim=8, sliding_window=WINDOW,
                                                  query_pre_attn_scalar=8),
@@ -65,7 +66,7 @@ def family_config(family: str, vocab: int = 16):
     return make[family]()
 
 
-FAMILIES = ("llama", "qwen2", "qwen2-window", "qwen3", "mistral", "mistral-window", "phi3-window",
+FAMILIES = ("llama", "qwen2", "qwen2-window", "qwen3", "mistral", "mistral-window", "phi3", "phi3-window",
             "gemma2-window", "gemma3-window")
 
 
