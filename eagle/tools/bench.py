@@ -31,7 +31,7 @@ from .session import Session
 from .specbench import export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
 from ..checks import check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, config_from_args, load_pair, model_spec
+from ..loading import KNOBS_EPILOG, ModelSpec, add_decode_args, budget_mode, config_from_args, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..detok import TextWindow, next_text, token_text
@@ -635,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="vanilla,static,dynamic,hf,hf_pld",
                    help="comma list of vanilla, static, dynamic, hf, hf_pld (default: %(default)s); a decoder "
                         "mode may carry a budget, dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB], dynamic:auto or "
-                        "dynamic:adaptive; any mode may carry a dtype, e.g. hf@float32 (default: --dtype)")
+                        "dynamic:adaptive; any mode may carry a dtype, e.g. hf@float32 (default: --dtype). A plain "
+                        "dynamic has generate's tree: the auto budget on a CPU unless --preset, a tree flag or "
+                        "--budget fixed is given, the fixed tree otherwise; each mode's tree is printed at start")
     p.add_argument("--baselines", choices=("fastest", "same"), default="fastest",
                    help="fastest (default): vanilla, hf and hf_pld given without a dtype also run in every other "
                         "precision this device runs, and every speed-up is against the fastest of each; same: "
@@ -658,8 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
                   default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, dict]]:
     """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
-    (or None) and the adaptive modes' round costs. dynamic:auto, and with --budget auto every dynamic
-    mode without an explicit budget, take the auto budget; dynamic:adaptive its shape with a per-round
+    (or None) and the adaptive modes' round costs. dynamic:auto, and a plain dynamic wherever generate
+    would use auto (see _tuned), take the auto budget; dynamic:adaptive its shape with a per-round
     size; and per tuned mode the auto report its budget came from (at the mode's dtype: the summary
     sets what it predicts beside what the mode measured)."""
     configs, costs, report, predicted = {}, {}, None, {}
@@ -667,8 +669,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
         pair = bench_pairs[spec.dtype or default_dtype]
         target, head = pair.target, pair.head
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
-        tuned = spec.budget != "fixed" or (args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides)
-        if tuned:
+        if _tuned(args, spec, target.device.type):
             budget = spec.budget if spec.budget != "fixed" else "auto"
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
@@ -676,12 +677,24 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             predicted[spec.label] = report
             print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
                   f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
+        elif spec.kind in ("static", "dynamic"):
+            print(f"{spec.label}: fixed tree {cfg.total_tokens}/{cfg.depth}/{cfg.top_k}/{cfg.draft_vocab} "
+                  "(total/depth/top_k/draft vocab)", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
                   "falls back to the full vocabulary", file=sys.stderr)
         configs[spec.label] = cfg
     return configs, report, costs, predicted
+
+
+def _tuned(args: argparse.Namespace, spec: ModeSpec, device_type: str) -> bool:
+    """Whether a mode's tree comes from the auto budget: dynamic:auto|adaptive, and a plain `dynamic`
+    wherever `generate --mode dynamic` would use auto with the same flags (a CPU, no --preset, no tree
+    flag, no --budget fixed), so the two commands decode the same tree."""
+    if spec.budget != "fixed":
+        return True
+    return spec.kind == "dynamic" and not spec.overrides and budget_mode(args, "dynamic", device_type) == "auto"
 
 
 def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
