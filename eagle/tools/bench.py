@@ -17,6 +17,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -626,6 +627,9 @@ def json_line(summary: dict) -> str:
     return json.dumps(_clean({"modes": modes, **extra}))
 
 
+LATEST = "LATEST"  # the link to the newest default-out run
+
+
 # ---- command line -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
@@ -646,7 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int, default=None,
                    help="first N questions of each category (MT-bench's first 10 are all writing)")
     p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
-    p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results dir (default runs/bench/<timestamp>, and runs/bench/LATEST links to it)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a summary.json in --out that bench did not write (refused otherwise)")
@@ -750,8 +755,23 @@ def _bench(args: argparse.Namespace) -> int:
     check_output(out, "--out", directory=True)
     _check_summary_owner(out, args.overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    if args.out is None:
+        _point_latest(out)
     with exclusive_lock(out / ".lock", f"bench --out {out}"):
         return _run_locked(args, Plan(questions, args.turns, specs, out), bad)
+
+
+def _point_latest(out: Path) -> None:
+    """runs/bench/LATEST -> the run just started under the default --out, swapped atomically (what
+    `analysis figures --traces runs/bench/LATEST` reads); a LATEST that is not our link is left alone."""
+    link = out.parent / LATEST
+    if link.exists() and not link.is_symlink():
+        print(f"note: {link} is not a link bench made; left as it is", file=sys.stderr)
+        return
+    tmp = out.parent / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(out.name, tmp)
+    os.replace(tmp, link)
 
 
 def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
