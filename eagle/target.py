@@ -3,6 +3,7 @@ forward path with explicit positions, mask and KV cache that returns logits and 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -272,6 +273,21 @@ class Target:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, head_dim, max_len, self.device, self.dtype)
 
+    @functools.cached_property
+    def layer_plan(self) -> tuple[tuple[str | None, int | None], ...]:
+        """Per decoder layer: its rotary table's layer type (Gemma3 keeps one per type, None = the one
+        table) and its sliding window (None = full attention), read as the model's own forward reads
+        them: where the attention knows its layer type (Qwen2/3, Gemma2/3) its own window, else
+        config.sliding_window for every layer (Mistral, Phi3)."""
+        per_type = hasattr(self.model.model.rotary_emb, "layer_types")
+        plan = []
+        for layer in self.model.model.layers:
+            attn = layer.self_attn
+            kind = getattr(attn, "layer_type", None)
+            window = attn.sliding_window if hasattr(attn, "layer_type") else getattr(self.config, "sliding_window", None)
+            plan.append((kind if per_type else None, int(window) if window else None))
+        return tuple(plan)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
                 tree_mask: torch.Tensor | None = None, logits_rows: slice | torch.Tensor | None = None,
@@ -284,24 +300,59 @@ class Target:
         (L,), what EAGLE-1/2 drafts from; EAGLE-3 asks for (2, L//2, L-3).
         Returns logits (1, T', V) for `logits_rows` (all rows when None) and features (1, T, H * len)."""
         base = self.model.model
-        n_new = input_ids.shape[1]
-        hidden = base.embed_tokens(input_ids)  # (1, T, H)
-        rope = base.rotary_emb(hidden, positions)
-        mask = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, hidden.device)
-        writer = cache.writer(start, n_new)
+        hidden = base.embed_tokens(input_ids)  # (1, T, H); Gemma's embedding scales itself
+        ropes = self._ropes(hidden, positions)
+        masks = self._masks(start, positions, tree_mask, hidden.dtype)
+        writer = cache.writer(start, input_ids.shape[1])
         wanted, taken = set(feature_layers or ()), {}
-        for i, layer in enumerate(base.layers):
+        for i, (layer, (kind, window)) in enumerate(zip(base.layers, self.layer_plan)):
             if i in wanted:
                 taken[i] = hidden
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, cache=writer)
+            hidden = layer(hidden, attention_mask=masks[window], position_embeddings=ropes[kind], cache=writer)
         last = base.norm(hidden)
         taken[len(base.layers)] = last
         features = last if feature_layers is None else torch.cat([taken[i] for i in feature_layers], dim=-1)
         rows = last if logits_rows is None else last[:, logits_rows]
-        return self.model.lm_head(rows), features
+        return self.lm_head(rows), features
+
+    def _ropes(self, hidden: torch.Tensor, positions: torch.Tensor) -> dict:
+        """The rotary tables the layers need, by layer type (None: the model's one table)."""
+        rotary = self.model.model.rotary_emb
+        kinds = {kind for kind, _ in self.layer_plan}
+        return {k: rotary(hidden, positions) if k is None else rotary(hidden, positions, k) for k in kinds}
+
+    def _masks(self, start: int, positions: torch.Tensor, tree_mask: torch.Tensor | None,
+               dtype: torch.dtype) -> dict:
+        """The attention mask per sliding window (None: full attention), additive for eager attention."""
+        n_new = positions.shape[1]
+        if tree_mask is not None and tree_mask.shape[1] != n_new and any(w for _, w in self.layer_plan):
+            raise ValueError("a sliding-window target needs a tree mask over the new tokens only (their "
+                             "positions are the only ones it knows beside the committed prefix)")
+        full = None if (n_new == 1 and tree_mask is None) else prefix_mask(start, n_new, tree_mask, positions.device)
+        masks = {w: full if w is None else window_mask(full, start, positions, w) for _, w in self.layer_plan}
+        if self.config._attn_implementation == "eager":  # eager adds the mask to the scores
+            masks = {w: None if m is None else torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(
+                ~m, torch.finfo(dtype).min) for w, m in masks.items()}
+        return masks
 
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(features)
+        """Logits as the model's own head gives them, final logit softcapping included (Gemma2/3)."""
+        logits = self.model.lm_head(features)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def window_mask(full: torch.Tensor | None, start: int, positions: torch.Tensor, window: int) -> torch.Tensor | None:
+    """`full` (see prefix_mask) narrowed to a sliding window as transformers applies it: a query at
+    position q sees keys at positions > q - window. The committed slots [0, start) hold positions
+    0..start-1 and the new tokens theirs (positions never exceed slots, so with start + T <= window
+    no key falls outside and `full` is returned as is)."""
+    n_new = positions.shape[1]
+    if start + n_new <= window:
+        return full
+    keys = torch.cat([torch.arange(start, device=positions.device), positions[0]])
+    near = (keys[None, :] > positions[0][:, None] - window)[None, None]
+    return near if full is None else full & near
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
@@ -309,13 +360,16 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`."""
     from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
     chosen = parse_dtype(dtype, dev)
     path, offline = locate_model(resolve_model_path(name_or_path))
     try:
+        config = AutoConfig.from_pretrained(path, local_files_only=offline)
+        check_architecture(config, name_or_path)  # before the weights take time to load
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=chosen or torch.float32, attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=chosen or torch.float32,
+                                                     attn_implementation=attention_for(config),
                                                      local_files_only=offline)
     except (OSError, ValueError, StrictDataclassError) as err:  # the last: transformers' config validation
         raise ModelLoadError(f"Could not load model {name_or_path!r}: {' '.join(str(err).split())}") from err
@@ -330,6 +384,26 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
         if target.dtype_report["chosen"] != "float32":
             model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
     return target
+
+
+def check_architecture(config, name: str) -> None:
+    """Refuse, before loading, a checkpoint whose attention the lean forward cannot reproduce."""
+    if getattr(config, "text_config", None) is not None:
+        raise ModelLoadError(f"{name!r} is a multimodal checkpoint ({config.model_type}, with a text_config): "
+                             "give a text-only causal LM (e.g. a Gemma3ForCausalLM checkpoint).")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelLoadError(f"{name!r} has use_bidirectional_attention set: it is an encoder, not a causal LM.")
+
+
+def attention_for(config) -> str:
+    """SDPA, unless the model softcaps its attention scores (Gemma2; SDPA has no softcap and transformers
+    refuses it) or its class has no SDPA path: then eager, which applies the softcap."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        sdpa = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]._supports_sdpa
+    except KeyError:  # transformers will name what it does not know
+        sdpa = True
+    return "eager" if getattr(config, "attn_logit_softcapping", None) is not None or not sdpa else "sdpa"
 
 
 # ---- "auto" precision on a CPU ------------------------------------------------------------------

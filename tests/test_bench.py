@@ -190,3 +190,20 @@ def test_per_category_sampling_keeps_file_order(capsys):
             select_questions(questions, **bad)
     assert main(["--dataset", "mt_bench", "--per-category", "0"]) == 2
     assert "--per-category must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, device, tuned", [
+    ([], "cpu", True), ([], "cuda", False), (["--budget", "fixed"], "cpu", False), (["--preset", "paper"], "cpu", False),
+    (["--total-tokens", "8"], "cpu", False), (["--budget", "auto"], "cuda", True),
+    (["--budget", "auto", "--preset", "paper"], "cpu", True),
+])
+def test_plain_dynamic_takes_the_tree_generate_would(flags, device, tuned):
+    """bench's plain `dynamic` follows generate's default (auto on a CPU unless a preset, a tree flag or
+    --budget fixed), and an explicit budget in the mode name always wins."""
+    from eagle.loading import budget_mode
+    from eagle.tools.bench import _tuned, build_parser
+    args = build_parser().parse_args(["--dataset", "mt_bench", *flags])
+    plain, sized = parse_modes("dynamic,dynamic:8/3/4,vanilla")[:2]
+    assert _tuned(args, plain, device) == tuned == (budget_mode(args, "dynamic", device) == "auto")
+    assert not _tuned(args, sized, device) and not _tuned(args, parse_modes("vanilla")[0], device)
+    assert _tuned(args, parse_modes("dynamic:auto")[0], device)

@@ -63,3 +63,50 @@ def tiny_features(target: Target, out, n_train: int = 12, n_heldout: int = 4, le
     atomic_write_json(out / "manifest.json", {"model": target.name, "head_type": "eagle3", "feature_layers": layers,
                                               "samples_sha256": samples_sha256(samples),
                                               "stats": {"train_samples": n_train, "heldout_samples": n_heldout}})
+
+
+# The architecture matrix (tests/test_architectures.py, README "Architectures"): each family as a tiny
+# random fp32 model; a window that a 6-token prompt plus a short reply runs past.
+WINDOW = 5
+
+
+def family_config(family: str, vocab: int = 16):
+    """A tiny config of `family` (see FAMILIES); "-window" variants slide every or some layers."""
+    import transformers as tf
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  eos_token_id=None, pad_token_id=None, bos_token_id=None, tie_word_embeddings=True)
+    make = {
+        "llama": lambda: tf.LlamaConfig(**common),
+        "qwen2": lambda: tf.Qwen2Config(**common),
+        "qwen2-window": lambda: tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW,
+                                               max_window_layers=1),  # layers 1, 2 slide, as Qwen2 counts
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=8),
+        "mistral": lambda: tf.MistralConfig(**common, sliding_window=None),
+        "mistral-window": lambda: tf.MistralConfig(**common, sliding_window=WINDOW),
+        "phi3": lambda: tf.Phi3Config(**common, sliding_window=None),
+        "phi3-window": lambda: tf.Phi3Config(**common, sliding_window=WINDOW),
+        "gemma2-window": lambda: tf.Gemma2Config(**common, head_dim=8, sliding_window=WINDOW,
+                                                 query_pre_attn_scalar=8),
+        "gemma3-window": lambda: tf.Gemma3TextConfig(**common, head_dim=8, sliding_window=WINDOW,
+                                                     query_pre_attn_scalar=8, sliding_window_pattern=2),
+    }
+    return make[family]()
+
+
+FAMILIES = ("llama", "qwen2", "qwen2-window", "qwen3", "mistral", "mistral-window", "phi3", "phi3-window",
+            "gemma2-window", "gemma3-window")
+
+
+def family_target(family: str, seed: int = 0, vocab: int = 16) -> Target:
+    """A tiny random target of `family`, with the attention load_target would pick for it."""
+    from transformers import AutoModelForCausalLM
+    from eagle.target import attention_for
+    config = family_config(family, vocab)
+    config._attn_implementation = attention_for(config)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation)
+    model.eval().requires_grad_(False)
+    tok = ByteTokenizer()
+    tok.eos_token_id, tok.vocab_size = None, vocab
+    return Target(model=model, tokenizer=tok, name=f"tiny-{family}")

@@ -18,6 +18,7 @@ import io
 import copy
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -32,8 +33,8 @@ from .session import Session
 from .specbench import RUN_FIELDS, RunSettings, check_same_run, export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
 from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, check_local_paths, config_from_args, \
-    flag_name, load_pair, model_spec
+from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, budget_mode, check_local_paths, \
+    config_from_args, flag_name, load_pair, model_spec
 from ..config import MODES, DecodeConfig
 from ..decode import Decoder, encode_prompt, generate
 from ..detok import TextWindow, next_text, token_text
@@ -659,6 +660,9 @@ def json_line(summary: dict) -> str:
     return json.dumps(_clean({"modes": modes, **extra}))
 
 
+LATEST = "LATEST"  # the link to the newest default-out run
+
+
 # ---- command line -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m eagle bench", epilog=KNOBS_EPILOG,
@@ -668,7 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="vanilla,static,dynamic,hf,hf_pld",
                    help="comma list of vanilla, static, dynamic, hf, hf_pld (default: %(default)s); a decoder "
                         "mode may carry a budget, dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB], dynamic:auto or "
-                        "dynamic:adaptive; any mode may carry a dtype, e.g. hf@float32 (default: --dtype)")
+                        "dynamic:adaptive; any mode may carry a dtype, e.g. hf@float32 (default: --dtype). A plain "
+                        "dynamic has generate's tree: the auto budget on a CPU unless --preset, a tree flag or "
+                        "--budget fixed is given, the fixed tree otherwise; each mode's tree is printed at start")
     p.add_argument("--baselines", choices=("fastest", "same"), default="fastest",
                    help="fastest (default): vanilla, hf and hf_pld given without a dtype also run in every other "
                         "precision this device runs, and every speed-up is against the fastest of each; same: "
@@ -677,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int, default=None,
                    help="first N questions of each category (MT-bench's first 10 are all writing)")
     p.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: also the second turn")
-    p.add_argument("--out", type=Path, default=None, help="results dir (default runs/bench/<timestamp>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results dir (default runs/bench/<timestamp>, and runs/bench/LATEST links to it)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a summary.json in --out that bench did not write (refused otherwise)")
@@ -691,8 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
                   default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, dict]]:
     """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
-    (or None) and the adaptive modes' round costs. dynamic:auto, and with --budget auto every dynamic
-    mode without an explicit budget, take the auto budget; dynamic:adaptive its shape with a per-round
+    (or None) and the adaptive modes' round costs. dynamic:auto, and a plain dynamic wherever generate
+    would use auto (see _tuned), take the auto budget; dynamic:adaptive its shape with a per-round
     size; and per tuned mode the auto report its budget came from (at the mode's dtype: the summary
     sets what it predicts beside what the mode measured)."""
     configs, costs, report, predicted = {}, {}, None, {}
@@ -700,8 +707,7 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
         pair = bench_pairs[spec.dtype or default_dtype]
         target, head = pair.target, pair.head
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
-        tuned = spec.budget != "fixed" or (args.budget == "auto" and spec.kind == "dynamic" and not spec.overrides)
-        if tuned:
+        if _tuned(args, spec, target.device.type):
             budget = spec.budget if spec.budget != "fixed" else "auto"
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
@@ -709,12 +715,24 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             predicted[spec.label] = report
             print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
                   f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
+        elif spec.kind in ("static", "dynamic"):
+            print(f"{spec.label}: fixed tree {cfg.total_tokens}/{cfg.depth}/{cfg.top_k}/{cfg.draft_vocab} "
+                  "(total/depth/top_k/draft vocab)", file=sys.stderr)
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
                   "falls back to the full vocabulary", file=sys.stderr)
         configs[spec.label] = cfg
     return configs, report, costs, predicted
+
+
+def _tuned(args: argparse.Namespace, spec: ModeSpec, device_type: str) -> bool:
+    """Whether a mode's tree comes from the auto budget: dynamic:auto|adaptive, and a plain `dynamic`
+    wherever `generate --mode dynamic` would use auto with the same flags (a CPU, no --preset, no tree
+    flag, no --budget fixed), so the two commands decode the same tree."""
+    if spec.budget != "fixed":
+        return True
+    return spec.kind == "dynamic" and not spec.overrides and budget_mode(args, "dynamic", device_type) == "auto"
 
 
 def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
@@ -788,9 +806,24 @@ def _bench(args: argparse.Namespace) -> int:
     _check_summary_owner(out, args.overwrite)
     check_local_paths(settings, any(s.kind in ("static", "dynamic") for s in specs))  # before --out is made
     out.mkdir(parents=True, exist_ok=True)
+    if args.out is None:
+        _point_latest(out)
     with exclusive_lock(out / ".lock", f"bench --out {out}"):
         dataset = args.dataset if args.dataset in DATASETS else str(Path(args.dataset).resolve())
         return _run_locked(args, Plan(questions, args.turns, specs, out, dataset), bad)
+
+
+def _point_latest(out: Path) -> None:
+    """runs/bench/LATEST -> the run just started under the default --out, swapped atomically (what
+    `analysis figures --traces runs/bench/LATEST` reads); a LATEST that is not our link is left alone."""
+    link = out.parent / LATEST
+    if link.exists() and not link.is_symlink():
+        print(f"note: {link} is not a link bench made; left as it is", file=sys.stderr)
+        return
+    tmp = out.parent / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(out.name, tmp)
+    os.replace(tmp, link)
 
 
 def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
