@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = ".venv/bin/python -m "
 SMALL = ["--max-new-tokens", "4"]
 BENCH = ["bench", "--dataset", "mt_bench", "--limit", "1", *SMALL]  # what `bench ...` leaves to the reader
+# EAGLE-3 features: they also hold what train's EAGLE-1 head reads, and ablation needs them
 PREPARE = ["prepare", "--self-distill", "--conversations", "6", "--max-len", "48", "--heldout-fraction", "0.5",
-           "--distill-max-new-tokens", "6", "--shard-size", "4"]
+           "--distill-max-new-tokens", "6", "--shard-size", "4", "--head-type", "eagle3"]
 TRAIN = ["train", "--steps", "2", "--batch", "2", "--eval-every", "1", "--eval-samples", "1"]
 
 # README command (comment dropped) -> (program, argv) run here, in this order: some need another's output
@@ -48,6 +49,12 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
     ".venv/bin/python -m eagle train ...": ("eagle", TRAIN),
     ".venv/bin/python -m eagle evaluate --head DIR --features runs/features":
         ("eagle", ["evaluate", "--head", "runs/train/head", "--features", "runs/features"]),
+    ".venv/bin/python -m eagle ablation --features runs/features-e3 --out runs/ablation":
+        ("eagle", ["ablation", "--features", "runs/features", "--out", "runs/ablation", "--steps", "1",
+                   "--fractions", "1", "--recipes", "eagle1,eagle3", "--batch", "2"]),
+    ".venv/bin/python -m analysis ablation --results runs/ablation/ablation.json --out runs/ablation/figure":
+        ("analysis", ["ablation", "--results", "runs/ablation/ablation.json", "--out", "runs/ablation/figure",
+                      "--formats", "svg"]),
     ".venv/bin/python -m eagle profile --prompts 3":
         ("eagle", ["profile", "--prompts", "1", "--no-tiny", *SMALL]),
     '.venv/bin/python -m eagle generate --prompt "..." --dtype bfloat16':

@@ -95,11 +95,12 @@ class Costs:
         """Seconds per round; a 1-node tree is plain decoding (no draft)."""
         if n == 1:
             return self.t_plain(context)
-        return self.t_verify(n, context) + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+        round_s = self.t_verify(n, context) + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+        return max(round_s, 0.5 * self.t_verify(n, context))  # a negative host term: a sanity floor
 
     def t_plain(self, context: int | None = None) -> float:
         """Seconds per token of plain decoding."""
-        return self.t_verify(1, context) + self.host_plain
+        return max(self.t_verify(1, context) + self.host_plain, 0.5 * self.t_verify(1, context))
 
     def t_prefill(self, prompt_tokens: int) -> float:
         return interpolate(self.prefill, prompt_tokens) if self.prefill else 0.0
@@ -147,8 +148,10 @@ def load_costs(key: str) -> Costs | None:
 
 
 COSTS_KINDS = {"version": "int", "key": "str", "verify": "dict", "draft": "dict", "overhead": "nonneg"}
-COSTS_OPTIONAL = {"meta": "dict", "verify_by_context": "dict", "prefill": "dict", "host_tree": "nonneg",
-                  "host_plain": "nonneg"}
+# the host terms are signed: a real round may cost less than the probes' sum (a probe runs cold where a
+# decode reuses a warm buffer), and the model then subtracts the difference
+COSTS_OPTIONAL = {"meta": "dict", "verify_by_context": "dict", "prefill": "dict", "host_tree": "num",
+                  "host_plain": "num"}
 
 
 def check_costs(d: dict, path: str | Path, what: str = "costs") -> dict:
@@ -650,8 +653,8 @@ def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[i
     check_in(chosen["total_tokens"], ns, path, "field 'chosen' total_tokens")
     check_in(chosen["top_k"], top_ks, path, "field 'chosen' top_k")
     check_in(chosen["draft_vocab"], vocabs, path, "field 'chosen' draft_vocab")
-    if chosen["depth"] < 1:
-        fail(path, "field 'chosen' depth", "is below 1")
+    if chosen["depth"] > max(DEPTHS):  # depth 0 (the root's children only) is in the searched grid
+        fail(path, "field 'chosen' depth", f"is beyond the searched {max(DEPTHS)}")
     for i, row in enumerate(report["curve"]):
         check_object(row, path, f"field 'curve' [{i}]", {"total_tokens": "nat"})
     if not any(row["total_tokens"] == chosen["total_tokens"] for row in report["curve"]):
@@ -698,7 +701,7 @@ def adaptive_costs(report: dict) -> RoundCosts:
     curve = report["curve"]
     measured = {int(n): t for n, t in report["t_verify"].items()}
     best = next(r for r in curve if r["total_tokens"] == report["chosen"]["total_tokens"])
-    fixed = best["round_s"] - measured[best["total_tokens"]]
+    fixed = max(0.0, best["round_s"] - measured[best["total_tokens"]])
     by_context = Costs.from_json(report["costs"]).verify_by_context if "costs" in report else None
     return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve),
                                   by_context)
