@@ -377,6 +377,7 @@ def tree_canvas(parts: TreeParts, width: int = WIDTH, max_height: int | None = N
 def _legend_names(parts: TreeParts) -> list[str]:
     names = ["accepted path", "draft edge", "draft node, low confidence", "draft node, high confidence",
              "root (last committed token)", "bonus (target's token)"]
+    names += ["prompt lookup (copied)"] if any(n.source == "lookup" for n in parts.nodes) else []
     return names + (["reranked away (faded)"] if parts.show_pruned else [])
 
 
@@ -425,15 +426,21 @@ def _tree_nodes(parts: TreeParts, labels: dict[int, tuple[str, str]], font_px: f
         text=["".join(labels.get(n.id, ("", ""))) for n in nodes], textposition="middle right",
         name="draft node", showlegend=False, cliponaxis=False,
         textfont=dict(size=font_px, color=[f"rgba(34,34,34,{a})" for a in faded]),
-        marker=dict(size=[16 if r else 13 for r in root], symbol=["square" if r else "circle" for r in root],
+        marker=dict(size=[16 if r else 13 for r in root], symbol=[_node_symbol(n) for n in nodes],
                     color=[1.0 if r else n.confidence for n, r in zip(nodes, root)], colorscale=CONF_SCALE,
                     cmin=0, cmax=1, opacity=faded,
                     line=dict(width=[3 if n.id in accepted else 0.5 for n in nodes],
                               color=[ACCEPT_COLOR if n.id in accepted else "#555" for n in nodes])),
         customdata=[[n.id, n.rank, n.value, np.nan if n.target_prob is None else n.target_prob,
-                     "kept" if n.kept else "reranked away", f] for n, f in zip(nodes, full)],
+                     "prompt lookup" if n.source == "lookup" else "kept" if n.kept else "reranked away", f]
+                    for n, f in zip(nodes, full)],
         hovertemplate="node %{customdata[0]} (rank %{customdata[1]}, %{customdata[4]})<br>%{customdata[5]}<br>"
                       "value %{customdata[2]:.3f}<br>target p %{customdata[3]:.3f}<extra></extra>")
+
+
+def _node_symbol(node: NodeRecord) -> str:
+    """A square root, a triangle for a node the prompt-lookup branch copied, circles for the head's."""
+    return "square" if node.parent < 0 else "triangle-right" if node.source == "lookup" else "circle"
 
 
 def _bonus_trace(parts: TreeParts, labels: dict[int, tuple[str, str]], font_px: float) -> go.Scatter:
@@ -453,6 +460,8 @@ def _legend_entries(parts: TreeParts) -> list[go.Scatter]:
     low, high = sample_colorscale(CONF_SCALE, [0.1, 0.9])
     samples = [("draft node, low confidence", "circle", low, 1.0), ("draft node, high confidence", "circle", high, 1.0),
                ("root (last committed token)", "square", sample_colorscale(CONF_SCALE, [1.0])[0], 1.0)]
+    if any(n.source == "lookup" for n in parts.nodes):
+        samples.append(("prompt lookup (copied)", "triangle-right", high, 1.0))
     if parts.show_pruned:
         samples.append(("reranked away (faded)", "circle", "#888", 0.25))
     return [go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",

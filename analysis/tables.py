@@ -41,10 +41,12 @@ def calibration_sample(nodes: pd.DataFrame, by: CalibrationBy = "confidence") ->
     event is "accepted given the parent was accepted", over verified nodes whose parent was accepted
     (a node whose parent was rejected never had a chance and would bias the rate down).
     by="value": value is the path product, a prediction of the whole path being right, so the
-    event is "accepted" over all verified nodes."""
+    event is "accepted" over all verified nodes. Only the head's nodes count: a prompt-lookup node
+    (source "lookup") is a copy whose confidence of 1 predicts nothing."""
     if by not in ("confidence", "value"):
         raise ValueError(f"by must be 'confidence' or 'value', got {by!r}")
     mask = nodes["kept"] & nodes["parent_accepted"] if by == "confidence" else nodes["kept"]
+    mask &= nodes["source"] == "draft"
     sample = nodes.loc[mask, ["mode", "depth", "rank", by, "accepted"]]
     return sample.rename(columns={by: "pred", "accepted": "hit"}).astype({"pred": float, "hit": float})
 
@@ -100,8 +102,9 @@ def expected_calibration_error(nodes: pd.DataFrame, by: CalibrationBy = "confide
 
 # ---- per-position acceptance ----------------------------------------------------------------------
 def _eligible(nodes: pd.DataFrame) -> pd.DataFrame:
-    """Verified nodes whose parent was accepted: the ones that could have been accepted."""
-    return nodes[nodes["kept"] & nodes["parent_accepted"]]
+    """The head's verified nodes whose parent was accepted: the ones that could have been accepted
+    (prompt-lookup nodes have no sibling rank or confidence to tabulate)."""
+    return nodes[nodes["kept"] & nodes["parent_accepted"] & (nodes["source"] == "draft")]
 
 
 def depth_rank_table(nodes: pd.DataFrame) -> pd.DataFrame:

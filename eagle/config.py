@@ -12,7 +12,8 @@ SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; keeping to the signed range leav
 # Inclusive ranges of the integer fields validate() checks without a model (a front end bounds its
 # inputs by the same numbers).
 RANGES: dict[str, tuple[int, int]] = {"max_new_tokens": (1, 100_000), "total_tokens": (1, 1024),
-                                      "depth": (0, 32), "top_k": (1, 64), "seed": (0, SEED_MAX)}
+                                      "depth": (0, 32), "top_k": (1, 64), "seed": (0, SEED_MAX),
+                                      "lookup_tokens": (-1, 64)}
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class DecodeConfig:
     top_k: int = 10  # children per expanded node and beam width
     # Reduced draft vocabulary: score only the K most frequent tokens (0 = the full vocabulary).
     draft_vocab: int = 0
+    # A prompt-lookup branch of up to this many tokens beside the head's tree (eagle.lookup; greedy
+    # dynamic decoding only). 0 = off; -1 = the budget policy decides (eagle.tools.session: on, at
+    # eagle.lookup.LOOKUP_TOKENS, under the auto and adaptive budgets when greedy; off otherwise).
+    lookup_tokens: int = -1
 
     def validate(self, limits: ModelLimits | None = None) -> "DecodeConfig":
         """Raise ValueError with one clear sentence for any out-of-range field; with `limits`, also
@@ -58,6 +63,9 @@ class DecodeConfig:
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k_sampling >= 0, f"top_k_sampling must be >= 0, got {self.top_k_sampling}"),
             (self.draft_vocab >= 0, f"draft_vocab must be >= 0, got {self.draft_vocab}"),
+            (self.lookup_tokens <= 0 or (self.mode == "dynamic" and self.temperature == 0.0),
+             f"lookup_tokens {self.lookup_tokens} needs greedy dynamic decoding (mode 'dynamic', temperature 0): "
+             "a copied branch has no draft distribution to sample against"),
         ]
         if limits is not None:
             checks += [

@@ -26,6 +26,7 @@ from .detok import TextWindow, next_text, token_text
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from .head import DraftHead
 from .kvcache import KVCache
+from .lookup import ContextTokens, find_continuation, next_length
 from .stats import tau, tokens_per_second
 from .target import Target
 from .timing import PhaseClock
@@ -52,6 +53,7 @@ class Round:
     accepted: list[int]  # tree node indices, root first
     bonus: int
     node_probs: torch.Tensor  # (N,) the target's probability of each tree node's token at its parent
+    lookup: list[int] = field(default_factory=list)  # the prompt-lookup branch: the tree's last nodes
 
 
 class TokenTexts:
@@ -107,11 +109,15 @@ class DecodeState:
     produced: int = 0  # new tokens so far
     step: int = 0  # the next record's step number
     text: TextWindow = field(default_factory=TextWindow)  # the reply's text so far (eagle.detok.next_text)
+    context: ContextTokens | None = None  # prompt + reply so far, for the prompt-lookup branch (None: off)
+    lookup_len: int = 0  # the next prompt-lookup branch's length (eagle.lookup.next_length)
 
     def advance(self, record: StepRecord) -> None:
         """After a record: its bonus token is the next root, its tokens count as produced."""
         self.root, self.produced, self.step = record.bonus_token, self.produced + len(record.new_tokens), \
             record.step + 1
+        if self.context is not None:
+            self.context.extend(record.new_tokens)
 
 
 class Decoder:
@@ -154,14 +160,19 @@ class Decoder:
     def _new_state(self, prompt_ids: list[int]) -> DecodeState:
         cfg, tgt = self.cfg, self.target
         check_prompt(prompt_ids, tgt.max_context)
-        max_len = min(tgt.max_context, len(prompt_ids) + cfg.max_new_tokens + cfg.total_tokens + 1)
+        max_len = min(tgt.max_context,
+                      len(prompt_ids) + cfg.max_new_tokens + cfg.total_tokens + max(cfg.lookup_tokens, 0) + 1)
         drafter = None
         if cfg.mode != "vanilla":
             static_nodes = 0 if self.static_plan is None else self.static_plan.parents.numel()
             extra = cfg.depth * cfg.top_k + static_nodes  # draft slots for tree nodes past the prefix
             drafter = new_drafter(tgt, self.head, max_len + extra, cfg.draft_vocab)
-        return DecodeState(max_len, tgt.new_cache(max_len), torch.Generator().manual_seed(cfg.seed), drafter,
-                           PhaseClock(tgt.device, sync=self.profile))
+        state = DecodeState(max_len, tgt.new_cache(max_len), torch.Generator().manual_seed(cfg.seed), drafter,
+                            PhaseClock(tgt.device, sync=self.profile))
+        if cfg.lookup_tokens > 0:  # -1 (the budget decides) reaches a Decoder only when no Session resolved it: off
+            state.context = ContextTokens(prompt_ids, len(prompt_ids) + cfg.max_new_tokens)
+            state.lookup_len = cfg.lookup_tokens
+        return state
 
     def _prefill(self, s: DecodeState, prompt_ids: list[int]) -> StepRecord:
         s.clock.start()
@@ -186,12 +197,15 @@ class Decoder:
         verify (the target forward), accept, commit (the KV cache), consume (the draft catches up) and
         record (the trace's node records), which sum to the round's wall time."""
         clock = s.clock.start()
-        cand, kept, tree = self._draft_and_build(s, self._budget(s))
+        cand, kept, tree, lookup = self._draft_and_build(s, self._budget(s))
         clock.lap("tree")
         logits, features = self._verify(s, tree)
         clock.lap("verify")
         accepted, bonus, node_probs = self._accept(s, tree, logits, cand, kept)
-        rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs)
+        rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs, lookup)
+        if lookup:
+            taken = sum(1 for i in accepted if i >= tree.num_nodes - len(lookup))
+            s.lookup_len = next_length(len(lookup), taken, self.cfg.lookup_tokens)
         new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
         finished = self._finish_reason(new_tokens, s.produced)
         clock.lap("accept")
@@ -205,10 +219,29 @@ class Decoder:
         """Nodes to verify this round, shrunk so the tree never overflows the cache."""
         return max(1, min(self.cfg.total_tokens, s.max_len - s.t_cache.length))
 
-    def _draft_and_build(self, s: DecodeState, budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree]:
+    def _draft_and_build(self, s: DecodeState,
+                         budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree, list[int]]:
+        """The head's draft and the verification tree: the root, the kept candidates, then the
+        prompt-lookup branch (when on and the context's last n-gram recurs)."""
+        cand, kept, tokens, parents, levels = self._draft(s, budget)
+        room = s.max_len - s.t_cache.length - tokens.numel()
+        lookup = [] if s.context is None or room < 1 else \
+            find_continuation(s.context.tokens, min(s.lookup_len, room))
+        if lookup:
+            dev = tokens.device
+            first = tokens.numel()  # the branch hangs from the root: node first + j's parent is first + j - 1
+            tokens = torch.cat([tokens, torch.tensor(lookup, device=dev)])
+            parents = torch.cat([parents, torch.tensor([0] + list(range(first, first + len(lookup) - 1)), device=dev)])
+            levels = max(levels, len(lookup))  # the branch's last node is len(lookup) deep
+        return cand, kept, build_tree(tokens, parents, levels), lookup
+
+    def _draft(self, s: DecodeState, budget: int) -> tuple[Candidates | None, torch.Tensor | None,
+                                                         torch.Tensor, torch.Tensor, int]:
+        """The head's candidates, the kept ones, and the tree's tokens and parents (root first) with
+        its depth bound (levels)."""
         dev = self.target.device
         if s.drafter is None or budget == 1:
-            return None, None, build_tree(torch.tensor([s.root], device=dev), torch.tensor([-1], device=dev))
+            return None, None, torch.tensor([s.root], device=dev), torch.tensor([-1], device=dev), 1
         if self.static_plan is not None:
             gen = None if self.cfg.greedy else s.generator
             cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen, lap=s.clock.lap)
@@ -222,7 +255,7 @@ class Decoder:
                 values = cand.scores[kept].exp().sort(descending=True).values
                 n = best_tree_size(values, self.costs, s.t_cache.length)
                 kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1, levels)
-        return cand, kept, _tree_from_candidates(s.root, cand, kept, levels)
+        return cand, kept, *_tree_arrays(s.root, cand, kept), levels
 
     def _verify(self, s: DecodeState, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
         start = s.t_cache.length
@@ -316,7 +349,7 @@ def draft_round(drafter: Drafter, root_hidden: torch.Tensor, root: int, depth: i
     a round: draft, rerank to the nodes - 1 best candidates, build the verification tree and record
     every drafted node (nothing verified yet, so nothing accepted)."""
     cand, kept = _draft_dynamic_kept(drafter, root_hidden, depth, top_k, nodes)
-    tree = _tree_from_candidates(root, cand, kept, depth + 1)
+    tree = build_tree(*_tree_arrays(root, cand, kept), depth + 1)
     return _trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
 
 
@@ -327,16 +360,16 @@ def _draft_dynamic_kept(drafter: Drafter, root_hidden: torch.Tensor, depth: int,
     return cand, rerank(cand.scores, cand.parents, cand.depths, nodes - 1, depth + 1)
 
 
-def _tree_from_candidates(root: int, cand: Candidates, kept: torch.Tensor, max_depth: int) -> Tree:
-    """The verification tree: the root, then the kept candidates (kept is parents-first), at most
-    max_depth deep (the draft's bound: the tree is built without re-checking its invariants)."""
+def _tree_arrays(root: int, cand: Candidates, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verification tree's tokens and parents: the root, then the kept candidates (kept is
+    parents-first). build_tree takes them with the draft's depth bound, without re-checking them."""
     dev = cand.tokens.device
     slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=dev)
     slot[kept] = torch.arange(1, kept.numel() + 1, device=dev)  # candidate id -> tree index
     cand_parent = cand.parents[kept]
     parents = torch.where(cand_parent < 0, 0, slot[cand_parent.clamp(min=0)])
     tokens = torch.cat([torch.tensor([root], device=dev), cand.tokens[kept]])
-    return build_tree(tokens, torch.cat([torch.tensor([-1], device=dev), parents]), max_depth)
+    return tokens, torch.cat([torch.tensor([-1], device=dev), parents])
 
 
 def _tree_to(tree: Tree, device: str | torch.device) -> Tree:
@@ -345,31 +378,48 @@ def _tree_to(tree: Tree, device: str | torch.device) -> Tree:
 
 
 def _trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[int]]:
-    """Every drafted node as a trace record (node id = candidate index + 1; the root is 0), and the
-    accepted path as node ids. One host transfer per field."""
+    """Every drafted node as a trace record (node id = candidate index + 1; the root is 0), then the
+    prompt-lookup branch's nodes, and the accepted path as node ids. One host transfer per round."""
     root = NodeRecord(0, -1, 0, rnd.root, texts(rnd.root), 1.0, 1.0, 0, True, True, None)
-    if rnd.cand is None:
+    if rnd.cand is None and not rnd.lookup:
         return [root], [0]
-    c, m, k = rnd.cand, rnd.cand.tokens.numel(), rnd.kept.numel()
+    c = rnd.cand
+    m, k = (0, 0) if c is None else (c.tokens.numel(), rnd.kept.numel())
     # one device-to-host copy for the round's records: six (M,) columns, the kept ids, p(token | parent)
     # (float64 holds every id exactly)
-    flat = torch.cat([t.double() for t in (c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks,
-                                           rnd.kept, rnd.node_probs)]).tolist()
+    columns = [] if c is None else [c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks, rnd.kept]
+    flat = torch.cat([t.double() for t in (*columns, rnd.node_probs)]).tolist()
+    kept = [int(x) for x in flat[6 * m:6 * m + k]]
+    node_probs = flat[6 * m + k:]
+    nodes = [root] + _draft_records(flat[:6 * m], m, kept, set(rnd.accepted), node_probs, texts)
+    nodes += _lookup_records(rnd, m, 1 + k, node_probs, texts)
+    node_of_tree = [0] + [cid + 1 for cid in kept] + [m + 1 + j for j in range(len(rnd.lookup))]
+    return nodes, [node_of_tree[i] for i in rnd.accepted]
+
+
+def _draft_records(flat: list[float], m: int, kept: list[int], accepted: set[int], node_probs: list[float],
+                   texts: TokenTexts) -> list[NodeRecord]:
+    """The head's M candidates as records, from their six columns laid end to end in `flat`."""
     cols = [flat[i * m:(i + 1) * m] for i in range(6)]
     for i in (0, 1, 2, 5):  # the integer columns
         cols[i] = [int(x) for x in cols[i]]
-    kept = [int(x) for x in flat[6 * m:6 * m + k]]
-    node_probs = flat[6 * m + k:]
     tree_index = {cid: i + 1 for i, cid in enumerate(kept)}
-    accepted = set(rnd.accepted)
-    nodes = [root]
+    nodes = []
     for cid, (parent, depth, token, conf, value, rank) in enumerate(zip(*cols)):
         ti = tree_index.get(cid)
         nodes.append(NodeRecord(cid + 1, parent + 1, depth, token, texts(token), conf, value, rank,
                                 kept=ti is not None, accepted=ti in accepted if ti else False,
                                 target_prob=node_probs[ti] if ti else None))
-    node_of_tree = [0] + [cid + 1 for cid in kept]
-    return nodes, [node_of_tree[i] for i in rnd.accepted]
+    return nodes
+
+
+def _lookup_records(rnd: Round, m: int, first: int, node_probs: list[float], texts: TokenTexts) -> list[NodeRecord]:
+    """The prompt-lookup branch's nodes (tree indices first.., node ids m + 1..): a copy, not a draft, so
+    confidence and value are 1 (the proposal is certain) and source says where they came from."""
+    accepted = set(rnd.accepted)
+    return [NodeRecord(m + 1 + j, 0 if j == 0 else m + j, j + 1, tok, texts(tok), 1.0, 1.0, 0, kept=True,
+                       accepted=first + j in accepted, target_prob=node_probs[first + j], source="lookup")
+            for j, tok in enumerate(rnd.lookup)]
 
 
 @dataclass

@@ -22,7 +22,7 @@ TraceLike = Union[Trace, Generation, Iterable]  # Iterable of any of these, or a
 
 NODE_COLUMNS = ["trace", "prompt_id", "mode", "step", "id", "parent", "depth", "rank", "position",
                 "token", "text", "confidence", "value", "kept", "accepted", "parent_accepted",
-                "target_prob"]
+                "target_prob", "source"]
 STEP_COLUMNS = ["trace", "prompt_id", "mode", "step", "prefill", "accept_length", "accepted_drafts",
                 "new_tokens", "target_forwards", "drafted", "tree_size", "max_depth", "width", "leaves",
                 *(f"t_{p}" for p in STEP_PHASES), "seconds", "finished",
@@ -58,7 +58,7 @@ def _node_rows(i: int, pid: object, step: StepRecord) -> list[dict]:
              "token": n.token, "text": n.text, "confidence": n.confidence, "value": n.value,
              "kept": bool(n.kept), "accepted": bool(n.accepted),
              "parent_accepted": bool(by_id[n.parent].accepted) if n.parent in by_id else False,
-             "target_prob": np.nan if n.target_prob is None else n.target_prob}
+             "target_prob": np.nan if n.target_prob is None else n.target_prob, "source": n.source}
             for n in step.nodes if n.parent >= 0]
 
 

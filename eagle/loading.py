@@ -55,6 +55,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None, help=f"children per node and beam width (default: on a CPU the auto budget chooses it, on CUDA {d.top_k})")
     p.add_argument("--draft-vocab", type=int, default=None, help="FR-Spec: score only the K most frequent tokens; 0 = all (default: on a CPU the auto budget "
                         f"chooses it, on CUDA {d.draft_vocab})")
+    p.add_argument("--lookup-tokens", type=int, default=None,
+                   help="a prompt-lookup branch of up to N tokens copied from the context beside the head's tree "
+                        "(greedy dynamic decoding; 0 = off; default: on, at 10, under the auto and adaptive budgets)")
     p.add_argument("--budget", choices=("fixed", "auto", "adaptive"), default=None,
                    help="auto: pick total_tokens/depth/top_k/draft_vocab from this machine's measured costs "
                         "(default on CPU unless --preset or a tree flag is given; fixed on CUDA); adaptive: "
@@ -62,7 +65,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 TREE_FLAGS = ("total_tokens", "depth", "top_k", "draft_vocab")  # None: the preset's, the budget's or the default
-INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TREE_FLAGS, "threads")
+INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TREE_FLAGS, "lookup_tokens", "threads")
 FLOAT_SETTINGS = ("temperature", "top_p")
 CHOICES: dict[str, tuple[str, ...]] = {"mode": MODES, "preset": tuple(sorted(PRESETS)), "budget": BUDGETS,
                                        "dtype": DTYPE_CHOICES}
@@ -95,6 +98,7 @@ class DecodeSettings:
     depth: int | None = None
     top_k: int | None = None
     draft_vocab: int | None = None
+    lookup_tokens: int | None = None  # None: the budget decides (DecodeConfig's -1)
     budget: str | None = None
     model: str = DEFAULT_MODEL
     head: str = "auto"
@@ -151,7 +155,7 @@ class DecodeSettings:
     def config(self) -> DecodeConfig:
         """The DecodeConfig: the preset's (or the defaults'), with the tree flags given applied."""
         base = PRESETS[self.preset] if self.preset else DecodeConfig()
-        overrides = {k: getattr(self, k) for k in TREE_FLAGS if getattr(self, k) is not None}
+        overrides = {k: getattr(self, k) for k in (*TREE_FLAGS, "lookup_tokens") if getattr(self, k) is not None}
         return base.with_(mode=self.mode, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                           top_p=self.top_p, top_k_sampling=self.top_k_sampling, seed=check_seed(self.seed),
                           **overrides)

@@ -1,6 +1,6 @@
 """The trace: one record per decoding round, written as JSON lines and read back.
 
-Schema `eagle2-explorer/trace`, version 3. A trace file holds, per generation, a header line, then one
+Schema `eagle2-explorer/trace`, version 4. A trace file holds, per generation, a header line, then one
 line per round; every record carries the generation's id, so records of two generations never merge:
 
 header: {"schema", "version", "kind": "header", "generation": id, "model", "head",
@@ -31,7 +31,8 @@ node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "dept
          "value": product of confidences along the path (EAGLE-2's node value), "rank": rank among its
          siblings by confidence (0 = best), "kept": survived reranking (was verified), "accepted": bool,
          "target_prob": the target's (processed) probability of this token at its parent, or null if
-         the node was not verified}
+         the node was not verified, "source": "draft" (the head's) or "lookup" (the prompt-lookup
+         branch, eagle.lookup: copied from the context, confidence and value 1, ids after the drafts)}
 The root node is the last token the target produced; its confidence and value are 1.
 
 Writers append a whole generation at once (`append_trace`: one write under a file lock). The reader
@@ -41,7 +42,8 @@ two generations interleaved in one file still come apart), drops and reports a t
 not follow each other (a step number that restarts or goes back, a mode that changes, a step after
 the finished one: the signs of two generations mixed without ids) and counts the traces that never
 finished. Version 1 files (no generation ids) read as before, each step going to the last header.
-Version 2 files read unchanged; their text fields were each round's and token's own decode, so a
+Version 3 files (no "source": every node is the head's) and version 2 files read unchanged; version 2's
+text fields were each round's and token's own decode, so a
 character split across rounds or tokens shows there as U+FFFD and new_text includes special tokens.
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ from typing import Iterable
 from .files import atomic_write, locked_append
 from .schema import FileFormatError
 
-SCHEMA, VERSION = "eagle2-explorer/trace", 3
+SCHEMA, VERSION = "eagle2-explorer/trace", 4
 INTERRUPTED = "interrupted"  # the last step's `finished` when the generation was cut short
 
 
@@ -76,6 +78,7 @@ class NodeRecord:
     kept: bool
     accepted: bool
     target_prob: float | None = None
+    source: str = "draft"  # "draft": the head proposed it; "lookup": copied from the context (eagle.lookup)
 
 
 @dataclass
@@ -204,7 +207,7 @@ STEP_OPTIONAL = {"kind": "str", "generation": "str", "timings": "numdict", "targ
                  "finished": "str?"}
 NODE_FIELDS = {"id": "int", "parent": "int", "depth": "int", "token": "int", "text": "str", "confidence": "num",
                "value": "num", "rank": "int", "kept": "bool", "accepted": "bool"}
-NODE_OPTIONAL = {"target_prob": "num?"}
+NODE_OPTIONAL = {"target_prob": "num?", "source": "str"}
 _TYPES = {"int": int, "str": str, "bool": bool, "dict": dict, "list": list}
 
 

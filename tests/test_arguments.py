@@ -98,6 +98,9 @@ DECODE_CASES = [  # generate's decode flags, shared by profile and bench (one De
     ("range", ["--top-k", "0"], "--top-k must be in 1..64, got 0"),
     ("type", ["--draft-vocab", "x"], "argument --draft-vocab: invalid int value"),
     ("range", ["--draft-vocab", "-1"], "--draft-vocab must be >= 0, got -1"),
+    ("type", ["--lookup-tokens", "x"], "argument --lookup-tokens: invalid int value"),
+    ("range", ["--lookup-tokens", "65"], "--lookup-tokens must be in -1..64, got 65"),
+    ("range", ["--lookup-tokens", "4", "--temperature", "0.5"], "--lookup-tokens 4 needs greedy dynamic decoding"),
     ("type", ["--budget", "huge"], "argument --budget: invalid choice: 'huge'"),
 ]
 MODEL_CASES = [c for c in DECODE_CASES if c[1][0] in ("--model", "--head", "--device", "--dtype", "--threads")]
@@ -327,6 +330,8 @@ NOTEBOOK_CASES = [  # (prompt, keywords, words of the SettingError)
     ("hi", {"top_k": [4]}, "top_k must be an integer"), ("hi", {"top_k": 65}, "top_k must be in 1..64, got 65"),
     ("hi", {"draft_vocab": 1e3}, "draft_vocab must be an integer"),
     ("hi", {"draft_vocab": -1}, "draft_vocab must be >= 0, got -1"),
+    ("hi", {"lookup_tokens": 2.0}, "lookup_tokens must be an integer"),
+    ("hi", {"lookup_tokens": 3, "temperature": 0.7}, "lookup_tokens 3 needs greedy dynamic decoding"),
     ("hi", {"budget": "huge"}, "budget must be one of fixed, auto, adaptive, got 'huge'"),
     ("hi", {"budget": True}, "budget must be a string, got True"),
     ("hi", {"mode": "vanilla", "budget": "auto"}, "budget auto sizes dynamic trees only, but mode is vanilla"),

@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from .budget import Costs, expected_seconds, tuned_config, vanilla_name
+from ..lookup import LOOKUP_TOKENS
 from .session import Session
 from .specbench import RUN_FIELDS, RunSettings, check_same_run, export_spec_bench, format_speedups, speedups
 from ..stats import mean, speedup, tau, tokens_per_second
@@ -51,7 +52,7 @@ from ..trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 HF_MODES = ("hf", "hf_pld")
 BASELINE_KINDS = ("vanilla", "hf", "hf_pld")  # what a speed-up is measured against
 KINDS = (*MODES, *HF_MODES)
-PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf_pld (the transformers docs' usual value)
+PLD_TOKENS = LOOKUP_TOKENS  # prompt_lookup_num_tokens for hf_pld: 10, as our own lookup branch's longest
 WARMUP_TOKENS = 8
 BUDGET_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
 
@@ -707,8 +708,10 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
         pair = bench_pairs[spec.dtype or default_dtype]
         target, head = pair.target, pair.head
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
-        if _tuned(args, spec, target.device.type):
-            budget = spec.budget if spec.budget != "fixed" else "auto"
+        tuned = _tuned(args, spec, target.device.type)
+        budget = (spec.budget if spec.budget != "fixed" else "auto") if tuned else "fixed"
+        cfg = Session.lookup_policy(cfg, budget)
+        if tuned:
             cfg, round_costs, report = tuned_config(target, head, cfg, budget)
             if round_costs is not None:
                 costs[spec.label] = round_costs

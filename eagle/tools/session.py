@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..adaptive import RoundCosts
 from ..config import DecodeConfig
+from ..lookup import LOOKUP_TOKENS
 from ..decode import Decoder, encode_prompt
 from ..head import AnyHead, head_identity
 from ..loading import check_budget
@@ -50,9 +51,20 @@ class Session:
         take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
         auto's own choice, at its probe's prefix length)."""
         check_budget(budget, cfg.mode)
+        cfg = self.lookup_policy(cfg, budget)
         if budget == "fixed":
             return cfg, None, None
         return tuned_config(self.target, self.head, cfg, budget, context=context)
+
+    @staticmethod
+    def lookup_policy(cfg: DecodeConfig, budget: str) -> DecodeConfig:
+        """cfg with its prompt-lookup branch decided where it says the budget decides (-1): on, at
+        LOOKUP_TOKENS, for greedy dynamic decoding under the auto and adaptive budgets (the fastest
+        settings here); off under a fixed budget (the tree asked for, nothing added)."""
+        if cfg.lookup_tokens >= 0:
+            return cfg
+        on = budget != "fixed" and cfg.mode == "dynamic" and cfg.greedy
+        return cfg.with_(lookup_tokens=LOOKUP_TOKENS if on else 0)
 
     @staticmethod
     def fallback(cfg: DecodeConfig, report: dict | None) -> tuple[DecodeConfig, str | None]:
@@ -64,7 +76,7 @@ class Session:
         expected = choice["speedup_same_dtype"] if choice else report["expected_speedup_same_dtype"]
         if expected >= 1.0:
             return cfg, None
-        return cfg.with_(mode="vanilla"), (f"the auto budget expects no tree to pay here (its best, "
+        return cfg.with_(mode="vanilla", lookup_tokens=0), (f"the auto budget expects no tree to pay here (its best, "
                                            f"{expected:.2f}x vanilla at this precision): decoding as vanilla")
 
     def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:

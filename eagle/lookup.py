@@ -1,0 +1,54 @@
+"""Prompt lookup as a branch of the draft tree: the tokens that followed the last earlier occurrence of
+the context's final n-gram (Saxena's prompt lookup decoding, what transformers' `prompt_lookup_num_tokens`
+and vLLM's `ngram` method draft), added under the root beside the head's tree.
+
+Where a reply copies its prompt (extraction, code edits, quoting) the head's one-token-at-a-time guesses
+fall behind a plain copy; one extra branch of a few nodes costs little to verify, and greedy acceptance
+takes whichever path the target agrees with longest, so the output stays exactly vanilla's. The branch's
+length adapts as transformers' assisted generation does: +2 after a branch the target took whole, down
+to what it took + 1 after a miss, so a context whose n-grams recur by chance costs about one node."""
+from __future__ import annotations
+
+import numpy as np
+
+LOOKUP_TOKENS = 10  # the branch's longest length under the auto budget (transformers' usual prompt_lookup_num_tokens)
+NGRAM_MAX, NGRAM_MIN = 3, 2  # suffix lengths tried, longest first (vLLM's prompt_lookup_max / _min); a 1-gram recurs by chance
+
+
+def find_continuation(context: np.ndarray, length: int, ngram_max: int = NGRAM_MAX,
+                      ngram_min: int = NGRAM_MIN) -> list[int]:
+    """Up to `length` tokens that followed the most recent earlier occurrence of the longest suffix of
+    `context` (L,) of ngram_max..ngram_min tokens; [] when no such suffix recurs."""
+    n_ctx = context.shape[0]
+    for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
+        # windows starting at 0 .. L-1-n: every occurrence but the suffix itself, each followed by a token
+        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # (L-n, n)
+        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return context[start:start + length].tolist()
+    return []
+
+
+def next_length(proposed: int, taken: int, longest: int) -> int:
+    """The branch length for the next round after the target took `taken` of `proposed` tokens."""
+    return min(longest, proposed + 2) if taken == proposed else max(1, taken + 1)
+
+
+class ContextTokens:
+    """The generation's tokens so far (prompt and reply) in a growing buffer, without a copy per round."""
+
+    def __init__(self, prompt_ids: list[int], capacity: int) -> None:
+        self.buf = np.zeros(max(capacity, len(prompt_ids)), dtype=np.int64)
+        self.buf[:len(prompt_ids)] = prompt_ids
+        self.n = len(prompt_ids)
+
+    def extend(self, tokens: list[int]) -> None:
+        if self.n + len(tokens) > self.buf.shape[0]:
+            self.buf = np.concatenate([self.buf, np.zeros(self.buf.shape[0] + len(tokens), dtype=np.int64)])
+        self.buf[self.n:self.n + len(tokens)] = tokens
+        self.n += len(tokens)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.buf[:self.n]
