@@ -100,3 +100,8 @@ def test_auto_falls_back_to_vanilla_when_no_tree_pays(tiny_dir, monkeypatch):  #
     monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context: (cfg, None, paying))
     run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
     assert run.config.mode == "dynamic" and run.note is None and "note" not in run.header.meta
+    assert run.config.lookup_tokens == 10  # the auto family adds the prompt-lookup branch when greedy
+    sampled = session.prepare(PROMPT, DecodeConfig(**TREE, temperature=0.7), "auto")
+    assert sampled.config.lookup_tokens == 0
+    assert session.prepare(PROMPT, DecodeConfig(**TREE, lookup_tokens=0), "auto").config.lookup_tokens == 0
+    assert session.prepare(PROMPT, DecodeConfig(**TREE), "fixed").config.lookup_tokens == 0
