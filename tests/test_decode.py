@@ -57,9 +57,12 @@ def test_greedy_equals_vanilla_with_random_head(target, random_head, vanilla_ref
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, every", [("dynamic", 1), ("static", 2)])
 def test_greedy_equals_vanilla_with_trained_head(target, trained_head, vanilla_refs, mode, every):
+    # the dynamic tree carries the prompt-lookup branch the auto budget adds (the random-head sweep runs without)
+    lookup = dict(lookup_tokens=10) if mode == "dynamic" else {}
     taus = []
     for ids, ref in vanilla_refs[::every]:
-        g = _tokens(target, trained_head, ids, mode=mode, max_new_tokens=128, total_tokens=24, depth=5, top_k=6)
+        g = _tokens(target, trained_head, ids, mode=mode, max_new_tokens=128, total_tokens=24, depth=5, top_k=6,
+                    **lookup)
         assert g.tokens == ref
         taus.append(g.tau)
     assert sum(taus) / len(taus) > 1.2  # a trained head is accepted at least sometimes
