@@ -139,8 +139,10 @@ def _stopped_after(full, steps: int):
     _set(at, "live", **{k: full.header.config[k] for k in (*SMALL, "seed")})
     _type_prompt(at, full.header.prompt)
     at.session_state["live_run"] = partial  # as app.live.generate leaves it: the run and what it was asked for
-    at.session_state["live_run_request"] = runner.request_key(full.header.prompt, DecodeConfig(**full.header.config),
-                                                              "fixed")
+    # the sidebar's settings: the header's tree, with the prompt-lookup branch left to the budget (-1) as
+    # the sidebar leaves it (the header holds what the fixed budget made of it, 0)
+    asked = DecodeConfig(**{**full.header.config, "lookup_tokens": -1})
+    at.session_state["live_run_request"] = runner.request_key(full.header.prompt, asked, "fixed")
     at.session_state["live_stop_requested"] = True
     at.run()
     _no_trouble(at)
