@@ -1,21 +1,22 @@
-"""The Live page's prompt: the one-line box that generates as you type (app.live.prompt_box), or a
-multi-line editor; an optional system prompt; and a multi-turn chat, every turn through the model's
-chat template (eagle.decode.encode_prompt takes the list of messages).
+"""The pages' prompts: on the Live page the one-line box that generates as you type
+(app.live.prompt_box) or the multi-line editor, an optional system prompt and a multi-turn chat, every
+turn through the model's chat template (eagle.decode.encode_prompt takes the list of messages); the
+Compare page's prompt is the same multi-line editor (`multiline`).
 
-The multi-line editor is Streamlit's text area: it sends its text when the user presses Ctrl+Enter or
-leaves the box, not on every pause, since no installed component offers a debounced multi-line box
-(st_keyup is one line; a line break typed or pasted there is lost)."""
+The multi-line editor (app.textarea) sends its text a pause after the last key, as the one-line box
+does, and at once on Ctrl+Enter or when the user leaves it; line breaks and emoji are kept."""
 from __future__ import annotations
 
 import streamlit as st
 
 from eagle.trace import Trace
 
-from . import live, runner
+from . import live, runner, textarea
 from .persist import save, saved, seed
 
 Prompt = str | list[dict]
 MULTI, AREA, SYSTEM = "live_multiline", "live_prompt_area", "live_system"
+AREA_GEN = "live_prompt_area_gen"  # bumped to give the editor a new, empty box (a kept chat turn)
 CHAT_ON, HISTORY = "live_chat", "live_chat_history"  # the toggle; the kept turns [{"role", "content"}]
 
 
@@ -25,18 +26,28 @@ def editor() -> str:
     c1, c2, _ = st.columns([1, 1, 2])  # one row: the first screen has no height to spare
     with c1:
         multi = _remembered(st.toggle, MULTI, False, "Multi-line editor",
-                            help="Line breaks kept (code, chat, several paragraphs); Ctrl+Enter generates")
+                            help="Line breaks kept (code, chat, several paragraphs); generates a pause after "
+                                 "the last key, or at once on Ctrl+Enter")
     with c2:
         chat = _remembered(st.toggle, CHAT_ON, False, "Chat (several turns)",
                            help="Each kept reply becomes part of the conversation the next message continues")
     if not (multi or chat):
         return live.prompt_box()
-    seed(AREA, saved().get(live.PROMPT_KEY, ""))
-    text = st.text_area("Message (Ctrl+Enter generates)" if chat else "Prompt (Ctrl+Enter generates)",
-                        key=AREA, placeholder=live.HINT, height=110)
-    save(AREA)
+    what = "Message" if chat else "Prompt"
+    text = multiline(f"{what} (generates as you pause typing; Ctrl+Enter at once; Enter is a new line)",
+                     area_key(), saved().get(live.PROMPT_KEY, ""), live.HINT)
     saved()[live.PROMPT_KEY] = text
     return text
+
+
+def multiline(label: str, key: str, value: str, placeholder: str, height: int = 110) -> str:
+    """The pages' one multi-line prompt editor: line breaks kept, sent a pause after the last key."""
+    return textarea.text_area(label, key, value, live.DEBOUNCE_MS, placeholder, height)
+
+
+def area_key() -> str:
+    """The Live editor's current key: a new one after a kept turn shows an empty box."""
+    return f"{AREA}_{st.session_state.get(AREA_GEN, 0)}"
 
 
 def system_prompt() -> str:
@@ -77,8 +88,8 @@ def keep_turn_button(trace: Trace | None, text: str) -> None:
 def _keep(text: str, reply: str) -> None:
     st.session_state[HISTORY] = [*st.session_state.get(HISTORY, []), {"role": "user", "content": text},
                                  {"role": "assistant", "content": reply}]
-    st.session_state[AREA] = ""  # a callback runs before the widget's next draw: it may set its value
-    saved()[AREA] = saved()[live.PROMPT_KEY] = ""
+    st.session_state[AREA_GEN] = st.session_state.get(AREA_GEN, 0) + 1  # a new, empty editor
+    saved()[live.PROMPT_KEY] = ""
 
 
 def _new_chat() -> None:

@@ -31,7 +31,7 @@ def token_html(steps: list[StepRecord]) -> str:
                f"round {s.step}: {s.accept_length - 1} draft token(s) accepted + bonus {s.bonus_text!r}")
         spans.append(f'<span title="{html.escape(tip)}" style="background:{colour};border-radius:3px;'
                      f'padding:1px 0">{html.escape(s.new_text)}</span>')
-    return ('<div style="white-space:pre-wrap;line-height:1.9;font-family:ui-monospace,monospace;'
+    return ('<div class="eagle-tokens" style="white-space:pre-wrap;line-height:1.9;font-family:ui-monospace,monospace;'
             f'font-size:0.95rem">{"".join(spans)}</div>')
 
 

@@ -137,3 +137,15 @@ def filter_traces(traces: list[Trace], prefix: str) -> list[Trace]:
     head = c2.selectbox("Draft head", [ALL, *heads], key=f"{prefix}_head_filter")
     return [t for t in traces if mode in (ALL, t.header.config.get("mode", "?"))
             and head in (ALL, head_name(t))]
+
+
+def chosen_traces(prefix: str) -> list[Trace]:
+    """The analysis pages' traces: picked (pick_traces), then narrowed by mode and head
+    (filter_traces); says so when the filters leave none. Empty means the page has nothing to draw."""
+    traces = pick_traces(prefix)
+    if not traces:
+        return []
+    traces = filter_traces(traces, prefix)
+    if not traces:
+        st.info("No trace matches this mode and head.")
+    return traces

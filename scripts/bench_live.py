@@ -121,8 +121,9 @@ def streamlit_server(log_path: Path, launcher: Sequence[str] = CHECKOUT_APP, cwd
 
 
 @contextmanager
-def chromium() -> Iterator[object]:
-    """Headless Chromium through the system chromedriver, offline, logging every network request."""
+def chromium(downloads: Path | None = None) -> Iterator[object]:
+    """Headless Chromium through the system chromedriver, offline, logging every network request;
+    files the page downloads go to `downloads` (without it, downloads are not asked for)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a driver or browser
@@ -132,8 +133,13 @@ def chromium() -> Iterator[object]:
     for flag in [*FLAGS, f"--user-data-dir={profile}"]:
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    if downloads is not None:
+        opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                               "download.prompt_for_download": False})
     drv = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=opts)
     try:
+        if downloads is not None:  # headless Chromium drops downloads unless told where they go
+            drv.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
         yield drv
     finally:
         drv.quit()

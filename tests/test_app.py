@@ -50,6 +50,11 @@ def _type_prompt(at: AppTest, text: str) -> None:
         at.text_input(key="live_prompt").set_value(text)
 
 
+def _type_area(at: AppTest, key: str, text: str) -> None:
+    """What the multi-line editor (app.textarea) reports after typing (AppTest cannot drive it either)."""
+    at.session_state[f"_textarea_{key}"] = {"value": text}
+
+
 def _no_trouble(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -214,7 +219,7 @@ def test_analysis_pages_without_traces():
 def test_compare_runs_both_modes():
     at = _page("compare").run()
     _set(at, "cmp", **{**SMALL, "max_new_tokens": 6})
-    at.text_input(key="cmp_prompt").set_value("Say hello.")
+    _type_area(at, "cmp_prompt", "Say hello.")
     at.button(key="cmp_run").click().run()
     _no_trouble(at)
     results = at.session_state["cmp_results"]
@@ -445,7 +450,7 @@ def test_multiline_prompt_system_prompt_and_chat_turns():
     _set(at, "live", **SMALL)
     at.toggle(key="live_multiline").set_value(True).run()
     text = "Line one 🙂\nLine two."
-    at.text_area(key="live_prompt_area").set_value(text)
+    _type_area(at, "live_prompt_area_0", text)
     at.text_area(key="live_system").set_value("Answer briefly.")
     at.run()
     _no_trouble(at)
@@ -455,8 +460,10 @@ def test_multiline_prompt_system_prompt_and_chat_turns():
                                              {"role": "user", "content": text}]
     at.toggle(key="live_chat").set_value(True).run()
     at.button(key="live_keep_turn").click().run()
-    assert at.text_area(key="live_prompt_area").value == ""  # cleared for the next message
-    at.text_area(key="live_prompt_area").set_value("And a third line?")
+    _no_trouble(at)
+    assert at.session_state["live_prompt_area_gen"] == 1  # a new, empty editor for the next message
+    assert "Type a prompt" in at.info[0].value
+    _type_area(at, "live_prompt_area_1", "And a third line?")
     at.run()
     _no_trouble(at)
     second = at.session_state["live_run"]

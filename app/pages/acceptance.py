@@ -7,18 +7,14 @@ import streamlit as st
 from analysis.figures import MIN_PROMPTS_FOR_SPREAD, depth_rank_heatmap, static_position_figure
 from analysis.tables import depth_rank_table, nodes_frame, static_position_table
 from app import exports, render
-from app.sources import filter_traces, pick_traces
+from app.sources import chosen_traces
 
 
 def main() -> None:
     st.title("Acceptance by position")
     st.caption("Acceptance rate of verified nodes whose parent was accepted (the ones that had a chance).")
-    traces = pick_traces("acc")
+    traces = chosen_traces("acc")
     if not traces:
-        return
-    traces = filter_traces(traces, "acc")
-    if not traces:
-        st.info("No trace matches this mode and head.")
         return
     nodes = nodes_frame(traces)
     heat = depth_rank_heatmap(nodes)

@@ -6,7 +6,7 @@ import streamlit as st
 from analysis.figures import reliability_figure
 from analysis.tables import calibration_table, nodes_frame, table_ece
 from app import exports, render
-from app.sources import filter_traces, pick_traces
+from app.sources import chosen_traces
 
 BY_HELP = ("confidence: the draft's probability of a token given its parent, judged on verified nodes "
            "whose parent was accepted. value: the path product EAGLE-2 reranks by, judged on all "
@@ -18,12 +18,8 @@ def main() -> None:
     st.title("Calibration")
     st.caption("Reliability diagram of the draft head: predicted acceptance against the rate observed, "
                "with 95 % Wilson intervals. An empty bin is left out; a rate of 0 is a point at 0.")
-    traces = pick_traces("cal")
+    traces = chosen_traces("cal")
     if not traces:
-        return
-    traces = filter_traces(traces, "cal")
-    if not traces:
-        st.info("No trace matches this mode and head.")
         return
     c1, c2, c3, c4 = st.columns(4)
     by = c1.radio("Prediction", ("confidence", "value"), horizontal=True, key="cal_by", help=BY_HELP)

@@ -8,7 +8,8 @@ import streamlit as st
 from analysis.figures import accept_length_figure, best_round, round_at_position, round_start, tree_figure
 from analysis.tables import mode_summary, plain_summary, steps_frame, trace_seconds, with_baseline_rows
 from app import exports, render, runner, state
-from app.persist import save, seed
+from app import prompt as prompt_ui
+from app.persist import save, saved, seed
 from app.settings import budget_policy, settings_form
 from eagle.config import DecodeConfig
 from eagle.decode import PromptError, encode_prompt
@@ -16,6 +17,7 @@ from eagle.trace import Trace
 
 MODES = ("static", "dynamic")
 RESULTS, RUN_ID = "cmp_results", "cmp_run_id"  # {"static": Trace, "dynamic": Trace, "vanilla": ...}; run counter
+PROMPT = "cmp_prompt"
 BASELINES = "cmp_baselines"  # rows of modes without a trace (prompt lookup), analysis.tables.with_baseline_rows
 
 
@@ -119,9 +121,9 @@ def main() -> None:
     state.show_head_badge(models)
     cfg, error = settings_form("cmp", modes=False, auto=lambda: state.auto_budget(models),
                                limits=models.limits)
-    seed("cmp_prompt", "")
-    prompt = st.text_input("Prompt", key="cmp_prompt", placeholder="Write a haiku about draft trees.")
-    save("cmp_prompt")
+    prompt = prompt_ui.multiline("Prompt (Enter is a new line; the button runs it)", PROMPT,
+                                 saved().get(PROMPT, ""), "Write a haiku about draft trees.", height=90)
+    saved()[PROMPT] = prompt  # re-seeds the editor after a page switch
     baselines = render.remembered_toggle("Also time vanilla and prompt lookup", "cmp_baselines_on", True,
                                          help="Two more runs of the prompt, for the speed-up rows of the table")
     clicked = st.button("Run both modes", key="cmp_run", type="primary")

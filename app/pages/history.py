@@ -18,6 +18,8 @@ def table(runs: list[history.Run]) -> pd.DataFrame:
 
 def manage(store: history.RunStore, run: history.Run) -> None:
     """Rename, open (into this session's runs, for the analysis pages) or delete the chosen run."""
+    st.caption("Prompt")
+    st.code(run.prompt, language=None, wrap_lines=True)  # as typed: line breaks and emoji kept
     name = st.text_input("Name", value=run.name, key=f"hist_name_{run.id}")
     c1, c2, c3 = st.columns(3)
     if c1.button("Rename", key="hist_rename", icon=":material/edit:") and name != run.name:

@@ -55,7 +55,8 @@ def main() -> None:
         return
     live.settle_stop()
     if not text.strip():
-        st.info("Type a prompt to start: each pause in typing (or Enter) decodes it with these settings.")
+        st.info("Type a prompt to start: each pause in typing (or Enter; Ctrl+Enter in the multi-line "
+                "editor) decodes it with these settings.")
         return
     if not live.long_prompt_ok(models, prompt, cfg, lambda: report or state.auto_budget(models)):
         return
