@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
-from eagle.trace import NodeRecord, StepRecord
+from eagle.records.trace import NodeRecord, StepRecord
 
 from .labels import Geometry, place_labels, text_px, visible_text
 from .tables import (

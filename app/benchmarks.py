@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle.schema import FileFormatError
+from eagle.records.schema import FileFormatError
 from eagle.tools.bench import read_summary
 
 # Where `eagle bench` writes by default: runs/bench under the working directory (the checkout for

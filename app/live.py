@@ -20,9 +20,9 @@ import streamlit as st
 
 from analysis.figures import tree_figure
 from analysis.tree_svg import CSS_CLASS, tree_svg
-from eagle.config import DecodeConfig
-from eagle.decode import PromptError, encode_prompt
-from eagle.trace import Trace
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import PromptError, encode_prompt
+from eagle.records.trace import Trace
 
 from . import exports, render, runner, state
 from .persist import save, saved, seed

@@ -1,6 +1,6 @@
 """The Live page's prompt: the one-line box that generates as you type (app.live.prompt_box), or a
 multi-line editor; an optional system prompt; and a multi-turn chat, every turn through the model's
-chat template (eagle.decode.encode_prompt takes the list of messages).
+chat template (eagle.core.decode.encode_prompt takes the list of messages).
 
 The multi-line editor is Streamlit's text area: it sends its text when the user presses Ctrl+Enter or
 leaves the box, not on every pause, since no installed component offers a debounced multi-line box
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from eagle.trace import Trace
+from eagle.records.trace import Trace
 
 from . import live, runner
 from .persist import save, saved, seed

@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, Generation
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, Generation
 from eagle.tools.session import Session
-from eagle.trace import StepRecord, Trace
+from eagle.records.trace import StepRecord, Trace
 
 from . import worker
 from .state import Models

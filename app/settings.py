@@ -10,7 +10,7 @@ from typing import Callable
 
 import streamlit as st
 
-from eagle.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
+from eagle.core.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
 from eagle.tools.budget import vanilla_name
 
 from . import benchmarks

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.config import DecodeConfig, ModelLimits
-from eagle.head import AnyHead, head_identity, resolve_head
+from eagle.core.config import DecodeConfig, ModelLimits
+from eagle.models.head import AnyHead, head_identity, resolve_head
 from eagle.tools.budget import auto_config
-from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
-from eagle.trace import Trace
+from eagle.models.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
+from eagle.records.trace import Trace
 
 from . import history, worker
 from .persist import save, seed

@@ -1,7 +1,7 @@
 """Command line: `python -m eagle generate|bench|prepare|train|app ...` (installed: `eagle2-explorer ...`).
 argparse lives only here.
 
-Every command runs inside `eagle.files.run_guarded`: a bad input is one sentence and exit code 2.
+Every command runs inside `eagle.records.files.run_guarded`: a bad input is one sentence and exit code 2.
 The checks that need no model (flags, paths, argv and stdin encoding) run before one loads."""
 from __future__ import annotations
 
@@ -14,22 +14,22 @@ from pathlib import Path
 
 import torch
 
-from .checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
-from .config import MODES, DecodeConfig
-from .decode import PromptError, encode_prompt, generate
-from .files import atomic_write_json, run_guarded
-from .loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
+from .tools.checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
+from .core.config import MODES, DecodeConfig
+from .core.decode import PromptError, encode_prompt, generate
+from .records.files import atomic_write_json, run_guarded
+from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
     load_pair, model_spec
-from .questions import load_questions
-from .target import DEFAULT_MODEL, device_name, dtype_name
+from .records.questions import load_questions
+from .models.target import DEFAULT_MODEL, device_name, dtype_name
 from .tools.bench import main as bench_main
-from .layouts import CONVENTIONS, FORMATS, LABELS
+from .models.layouts import CONVENTIONS, FORMATS, LABELS
 from .tools.budget import BUDGET_KEYS, auto_config, vanilla_name
 from .tools.headexport import export_head
 from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
 from .tools.tokenmap import export_token_map
-from .trace import Trace, append_trace, mark_interrupted
+from .records.trace import Trace, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
 DELEGATED = ("bench", "prepare", "train", "evaluate", "distill", "ablation")
@@ -88,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             append_trace(args.trace, mark_interrupted(Trace(header, steps)))
         raise
     if args.trace:  # the whole generation in one locked append: concurrent runs never interleave
-        header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
+        header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.records.stats)
         append_trace(args.trace, Trace(header, steps))
     _print_result(args, target, cfg, result, source)
     return 0
@@ -145,7 +145,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Each phase of a round, on the model and on a tiny random Llama: where the overhead goes."""
-    settings, cfg = check_generate_args(args)  # --prompts too (eagle.checks.FLAG_RANGES)
+    settings, cfg = check_generate_args(args)  # --prompts too (eagle.tools.checks.FLAG_RANGES)
     if args.preset == "vanilla" or (args.total_tokens is not None and args.total_tokens < 2):
         flag = "--preset vanilla" if args.preset == "vanilla" else f"--total-tokens {args.total_tokens}"
         raise ValueError(f"{flag}: profile times the phases of a draft tree's round and this verifies one token "

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from eagle.tools.bench import main, parse_modes
-from eagle.questions import load_questions, select_questions
-from eagle.trace import read_trace
+from eagle.records.questions import load_questions, select_questions
+from eagle.records.trace import read_trace
 
 MODES = "vanilla,dynamic,hf,hf_pld"
 BUDGET = ["--total-tokens", "8", "--depth", "3", "--top-k", "4"]
@@ -134,7 +134,7 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
     from eagle.tools import budget
-    from eagle.config import DecodeConfig
+    from eagle.core.config import DecodeConfig
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
              for n in (2, 4, 8)]
@@ -200,7 +200,7 @@ def test_per_category_sampling_keeps_file_order(capsys):
 def test_plain_dynamic_takes_the_tree_generate_would(flags, device, tuned):
     """bench's plain `dynamic` follows generate's default (auto on a CPU unless a preset, a tree flag or
     --budget fixed), and an explicit budget in the mode name always wins."""
-    from eagle.loading import budget_mode
+    from eagle.tools.loading import budget_mode
     from eagle.tools.bench import _tuned, build_parser
     args = build_parser().parse_args(["--dataset", "mt_bench", *flags])
     plain, sized = parse_modes("dynamic,dynamic:8/3/4,vanilla")[:2]

@@ -6,7 +6,7 @@ import pytest
 
 from eagle.tools import budget
 from eagle.tools.budget import AcceptModel, Costs, StepSample, choose_budget
-from eagle.config import DecodeConfig
+from eagle.core.config import DecodeConfig
 from tests.tiny import tiny_pair
 
 

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, encode_prompt, generate
-from eagle.draft import Drafter
-from eagle.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
-from eagle.head3 import Eagle3Head
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.draft import Drafter
+from eagle.models.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
+from eagle.models.head3 import Eagle3Head
 from eagle.tools.budget import auto_config
-from eagle.trace import Trace, TraceHeader, read_trace, write_trace
+from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.training.features import extract_features, load_shards, prepare_features
 from eagle.training.train import train_head
 from tests.tiny import tiny_target

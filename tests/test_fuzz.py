@@ -1,6 +1,6 @@
 """Every file format the product reads, fuzzed (issue 36): valid files built from tiny models and tiny
 data are mutated (a field dropped, retyped, wrapped in the wrong nesting, shrunk, pushed out of range, the
-file truncated) and each reader must either read the file or raise eagle.schema.FileFormatError, never
+file truncated) and each reader must either read the file or raise eagle.records.schema.FileFormatError, never
 anything else, and whatever it returns must be usable (ids in the vocabulary, widths the model's, ...).
 Line files (traces, open.jsonl) skip and count a bad line instead; caches (costs, auto reports) are
 measured again (None)."""
@@ -26,14 +26,14 @@ from safetensors.torch import load_file, save_file
 
 from app.benchmarks import measured_auto_speedup
 from app.sources import read_files
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.head import COUNTS_FILE, HEAD_KINDS, load_head, new_head, save_head
-from eagle.schema import FileFormatError
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.models.head import COUNTS_FILE, HEAD_KINDS, load_head, new_head, save_head
+from eagle.records.schema import FileFormatError
 from eagle.tools import budget
 from eagle.tools.bench import Expected, load_store, read_summary
 from eagle.tools.specbench import answer_records, mean_speed, read_answers
-from eagle.trace import Trace, TraceHeader, _parse, read_trace, write_trace
+from eagle.records.trace import Trace, TraceHeader, _parse, read_trace, write_trace
 from eagle.training.distill import read_distilled
 from eagle.training.features import MANIFEST, _write_shard, check_features, load_shards
 from eagle.training.store import MANIFEST as STORE_MANIFEST

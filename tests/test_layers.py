@@ -1,5 +1,6 @@
-"""The architecture as drawn: no import cycle, and no import running up the layers
-app -> analysis -> CLI -> eagle tools and training -> eagle core (scripts/import_graph.py)."""
+"""The architecture as drawn: no import cycle, no import running up the layers (eagle records ->
+models -> core -> tools -> training -> the entry points -> analysis -> app) and no module outside them
+(scripts/import_graph.py)."""
 import importlib.util
 from pathlib import Path
 
@@ -16,14 +17,26 @@ def _graph_module():
 def test_no_import_cycle_and_no_upward_import() -> None:
     ig = _graph_module()
     g = ig.graph()
-    assert {"eagle.decode", "eagle.tools.bench", "analysis.figures", "app.live"} <= set(g)  # it read the tree
+    assert {"eagle.core.decode", "eagle.tools.session", "analysis.figures", "app.live"} <= set(g)  # it read the tree
     assert ig.cycles(g) == []
     assert ig.upward(g) == []
+    assert ig.unplaced(g) == []
 
 
-def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
+def test_eagles_folders_are_its_layers_in_order() -> None:
     ig = _graph_module()
-    g = {"eagle.a": {"eagle.b"}, "eagle.b": {"eagle.a"}, "eagle.decode": {"analysis.figures"},
-         "analysis.figures": set()}
-    assert ig.cycles(g) == [["eagle.a", "eagle.b"]]
-    assert ig.upward(g) == [("eagle.decode", "analysis.figures")]
+    order = ["eagle.records.trace", "eagle.models.target", "eagle.core.decode", "eagle.tools.session",
+             "eagle.training.train", "eagle.cli", "analysis.figures", "app.live"]
+    assert [ig.layer(m) for m in order] == list(range(len(order)))
+    assert ig.layer("eagle.resources") == ig.layer("eagle.records.files")
+    assert ig.layer("eagle") == ig.layer("eagle.notebook") == ig.layer("eagle.frames")
+
+
+def test_the_checker_sees_a_cycle_an_upward_import_and_a_stray_module() -> None:
+    ig = _graph_module()
+    g = {"eagle.core.a": {"eagle.core.b"}, "eagle.core.b": {"eagle.core.a"},
+         "eagle.core.decode": {"analysis.figures"}, "eagle.models.head": {"eagle.core.tree"},
+         "analysis.figures": set(), "eagle.core.tree": set(), "eagle.helpers": set()}
+    assert ig.cycles(g) == [["eagle.core.a", "eagle.core.b"]]
+    assert ig.upward(g) == [("eagle.core.decode", "analysis.figures"), ("eagle.models.head", "eagle.core.tree")]
+    assert ig.unplaced(g) == ["eagle.helpers"]

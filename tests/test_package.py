@@ -87,9 +87,9 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages_and_nothing_else(whe
 IMPORTS = """
 import json, analysis, app, app.state, eagle, eagle.tools.bench, eagle.training.commands
 from eagle import explore
-from eagle.head import shipped_head_path
-from eagle.questions import load_questions
-from eagle.tree import DEFAULT_STATIC_TREE
+from eagle.models.head import shipped_head_path
+from eagle.records.questions import load_questions
+from eagle.core.tree import DEFAULT_STATIC_TREE
 r = explore("Say hi.", max_new_tokens=3, dtype="float32", budget="fixed")
 print(json.dumps({"modules": [m.__file__ for m in (analysis, app, app.state, eagle, eagle.tools.bench)],
                   "head": str(shipped_head_path("smollm2-135m-instruct")), "explore_head": r.head_source,

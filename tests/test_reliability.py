@@ -25,15 +25,15 @@ from eagle import cli
 from eagle.training import commands, train
 from eagle.training import features as shards
 from eagle.tools import bench
-from eagle.config import DecodeConfig
+from eagle.core.config import DecodeConfig
 from eagle.training.data import read_sharegpt
-from eagle.decode import Decoder, PromptError, generate
+from eagle.core.decode import Decoder, PromptError, generate
 from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
-from eagle.files import BusyError, exclusive_lock, run_guarded
-from eagle.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
-from eagle.target import DEFAULT_MODEL, load_target, resolve_model_path
-from eagle.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
+from eagle.records.files import BusyError, exclusive_lock, run_guarded
+from eagle.models.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
+from eagle.models.target import DEFAULT_MODEL, load_target, resolve_model_path
+from eagle.records.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
                          read_trace, write_trace)
 from tests.tiny import tiny_pair
 
@@ -404,7 +404,7 @@ def test_a_rewritten_version_1_trace_still_reads(tmp_path):
 
 
 # ---- a tiny model on disk: the real tokenizer, a 2-layer 32-wide Llama --------------------------
-# Loaded through the same code as any local model (eagle.target.load_target), so every command runs
+# Loaded through the same code as any local model (eagle.models.target.load_target), so every command runs
 # unchanged, in-process or as a subprocess that a test kills.
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
@@ -445,7 +445,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.data import read_sharegpt
-from eagle.target import load_target
+from eagle.models.target import load_target
 from eagle.training.features import prepare_features
 from eagle.training.train import train_head
 job, model, kill_at, kw = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])

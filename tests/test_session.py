@@ -9,15 +9,15 @@ import pytest
 from app import runner
 from app.state import Models
 from eagle import cli
-from eagle.config import DecodeConfig
-from eagle.decode import generate
-from eagle.head import head_identity, resolve_head
-from eagle.loading import budget_mode
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import generate
+from eagle.models.head import head_identity, resolve_head
+from eagle.tools.loading import budget_mode
 from eagle.notebook import Explorer
-from eagle.target import load_target
+from eagle.models.target import load_target
 from eagle.tools import bench
 from eagle.tools.session import Session
-from eagle.trace import read_trace
+from eagle.records.trace import read_trace
 from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture)
 
 PROMPT = "Name a fruit."

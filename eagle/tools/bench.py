@@ -31,22 +31,22 @@ from tqdm import tqdm
 from .budget import Costs, expected_seconds, tuned_config, vanilla_name
 from .session import Session
 from .specbench import RUN_FIELDS, RunSettings, check_same_run, export_spec_bench, format_speedups, speedups
-from ..stats import mean, speedup, tau, tokens_per_second
-from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
-from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, budget_mode, check_local_paths, \
+from ..records.stats import mean, speedup, tau, tokens_per_second
+from .checks import ArgumentParser, check_argv, check_output, check_runtime_args
+from .loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, budget_mode, check_local_paths, \
     config_from_args, flag_name, load_pair, model_spec
-from ..config import MODES, DecodeConfig
-from ..decode import Decoder, encode_prompt, generate
-from ..detok import TextWindow, next_text, token_text
-from ..files import atomic_write, cut_torn_tail, exclusive_lock, read_json_object, run_guarded
-from ..head import head_sha256
-from ..schema import FileFormatError, check_object, check_value
-from ..questions import DATASETS, Question, load_questions, select_questions
-from ..timing import STEP_PHASES, phase_seconds
-from ..markdown import markdown_table
-from ..lossless import first_divergence, is_precision_flip, logit_gap_at
-from ..target import DTYPES, Target, dtype_name, runnable_dtypes
-from ..trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
+from ..core.config import MODES, DecodeConfig
+from ..core.decode import Decoder, encode_prompt, generate
+from ..core.detok import TextWindow, next_text, token_text
+from ..records.files import atomic_write, cut_torn_tail, exclusive_lock, read_json_object, run_guarded
+from ..models.head import head_sha256
+from ..records.schema import FileFormatError, check_object, check_value
+from ..records.questions import DATASETS, Question, load_questions, select_questions
+from ..records.timing import STEP_PHASES, phase_seconds
+from ..records.markdown import markdown_table
+from ..core.lossless import first_divergence, is_precision_flip, logit_gap_at
+from ..models.target import DTYPES, Target, dtype_name, runnable_dtypes
+from ..records.trace import StepRecord, Trace, TraceHeader, append_trace, read_trace
 
 HF_MODES = ("hf", "hf_pld")
 BASELINE_KINDS = ("vanilla", "hf", "hf_pld")  # what a speed-up is measured against
@@ -166,7 +166,7 @@ class Pair:
     target: Target
     head: object | None
     source: str | None  # where the head came from (None without one)
-    head_sha: str | None = None  # eagle.head.head_sha256 of its weights (checked on resume)
+    head_sha: str | None = None  # eagle.models.head.head_sha256 of its weights (checked on resume)
 
 
 class Bench:
@@ -253,7 +253,7 @@ Key = tuple[object, int, str]  # (question_id, turn, mode label)
 
 
 RESULT_META = ("question_id", "category", "turn", "mode_label", "seconds")
-# The kinds (eagle.schema) of what a stored generation's header meta holds for resume and the summary.
+# The kinds (eagle.records.schema) of what a stored generation's header meta holds for resume and the summary.
 RESULT_KINDS = {"category": "str", "turn": "nat", "mode_label": "str", "seconds": "nonneg"}
 RESULT_OPTIONAL = {"messages": "list", "head_sha": "str?", "new_tokens": "nat"}
 
@@ -420,7 +420,7 @@ def _rounds(results: list[Result]) -> list[int]:
 
 
 def mode_stats(results: list[Result], report: dict | None = None) -> dict:
-    """Totals over generations, by eagle.stats: tokens/s is total tokens over total wall time (not a
+    """Totals over generations, by eagle.records.stats: tokens/s is total tokens over total wall time (not a
     mean of ratios); tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per
     token, PLD fewer). With the auto `report` a tuned mode's budget came from, also what its cost
     model predicted for these same generations (prompt lengths and token counts), and the measured
@@ -501,7 +501,7 @@ def baselines_line(baselines: dict[str, str | None], by_mode: dict[str, dict]) -
 def divergences(results: list[Result], bench: Bench) -> list[dict]:
     """Greedy generations of a decoder or hf mode that differ from vanilla at the same dtype: where,
     and the target's top-2 logit gap there (a flip at a near-tie is a precision effect, see
-    eagle.lossless). One entry per differing generation."""
+    eagle.core.lossless). One entry per differing generation."""
     by_label = {sp.label: sp for sp in bench.specs}
     refs = {bench.dtype(sp): sp.label for sp in reversed(bench.specs) if sp.kind == "vanilla"}
     ref_tokens = {(r.mode, r.question_id, r.turn): r.tokens for r in results if r.mode in refs.values()}
@@ -876,7 +876,7 @@ def _run_settings(bench: Bench, plan: Plan, default_dtype: str) -> RunSettings:
 
 def _check_lossless(summary: dict, specs: list[ModeSpec]) -> int:
     """Greedy speculative decoding must reproduce same-dtype vanilla token for token; below fp32 a
-    flip at a near-tie (eagle.lossless) is reported but allowed. Any other divergence fails the run."""
+    flip at a near-tie (eagle.core.lossless) is reported but allowed. Any other divergence fails the run."""
     spec_modes = {s.label for s in specs if s.kind in ("static", "dynamic")}
     bad = [d for d in summary["divergences"] if d["mode"] in spec_modes and not d["near_tie"]]
     if bad:

@@ -5,7 +5,7 @@ would accept from recorded draft trees, and pick the budget with the most expect
                                                                        + per-round overhead + host)
 
 Costs are measured with the decoder's own functions (target forward + softmax for verification;
-eagle.decode.draft_round, a round's draft + rerank + tree building + trace bookkeeping, for drafting)
+eagle.core.decode.draft_round, a round's draft + rerank + tree building + trace bookkeeping, for drafting)
 and cached per model, torch thread count and device under $EAGLE_CACHE (default
 ~/.cache/eagle2-explorer/costs/). The probes run their parts in tight loops, with warm caches; a real
 round interleaves them with the target's forward, which evicts the draft head's weights, and adds the
@@ -36,17 +36,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..stats import speedup, tokens_per_second
-from ..adaptive import RoundCosts, interpolate
-from ..config import DecodeConfig
-from ..decode import Decoder, Drafter, TokenTexts, draft_round, encode_prompt, generate, new_drafter
-from ..files import atomic_write_json, read_json_or_none
-from ..schema import FileFormatError, check_in, check_object, check_value, fail, is_kind
-from ..head import AnyHead, DraftHead
-from ..target import Target, cache_dir, choose_cpu_dtype, device_name, dtype_name
-from ..questions import load_questions
-from ..timing import time_interleaved
-from ..trace import StepRecord
+from ..records.stats import speedup, tokens_per_second
+from ..core.adaptive import RoundCosts, interpolate
+from ..core.config import DecodeConfig
+from ..core.decode import Decoder, Drafter, TokenTexts, draft_round, encode_prompt, generate, new_drafter
+from ..records.files import atomic_write_json, read_json_or_none
+from ..records.schema import FileFormatError, check_in, check_object, check_value, fail, is_kind
+from ..models.head import AnyHead, DraftHead
+from ..models.target import Target, cache_dir, choose_cpu_dtype, device_name, dtype_name
+from ..records.questions import load_questions
+from ..records.timing import time_interleaved
+from ..records.trace import StepRecord
 
 # Dense at small n: on the 2-core CPU, MKL's fp32 matmul costs about the same for 1-3 rows and steps up
 # at 4 (t(3) = 83 ms, t(4) = 108), a step that interpolation between sparse points would hide.

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..adaptive import RoundCosts
-from ..config import DecodeConfig
-from ..decode import Decoder, encode_prompt
-from ..head import AnyHead, head_identity
-from ..loading import check_budget
-from ..target import Target, dtype_name
-from ..trace import TraceHeader
+from ..core.adaptive import RoundCosts
+from ..core.config import DecodeConfig
+from ..core.decode import Decoder, encode_prompt
+from ..models.head import AnyHead, head_identity
+from .loading import check_budget
+from ..models.target import Target, dtype_name
+from ..records.trace import TraceHeader
 from .budget import tuned_config
 
 Prompt = str | list[dict]  # one user message, or a conversation of chat messages
@@ -21,7 +21,7 @@ DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanil
 
 @dataclass(frozen=True)
 class Prepared:
-    """A prompt ready to decode: what `eagle.decode.generate(prepared.decoder, prepared.ids)` needs,
+    """A prompt ready to decode: what `eagle.core.decode.generate(prepared.decoder, prepared.ids)` needs,
     and the header its trace gets."""
     ids: list[int]
     config: DecodeConfig  # the tree the budget chose, or the one given

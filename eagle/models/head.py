@@ -15,13 +15,13 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .files import atomic_write
+from ..records.files import atomic_write
 from .head3 import DraftAttention, Eagle3Head, attention_inputs, top_token_ids
 from .kvcache import ChainKeys, KVCache
 from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
 from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
-from .resources import resource_path
-from .schema import FileFormatError, is_kind
+from ..resources import resource_path
+from ..records.schema import FileFormatError, is_kind
 from .target import hub_offline, looks_like_path, with_legacy_keys
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
@@ -140,7 +140,7 @@ def check_head_matches(config: LlamaConfig, target_config, source: str | Path) -
 
 
 def head_config(fields: dict, file: Path) -> LlamaConfig:
-    """A head's config fields (eagle.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
+    """A head's config fields (eagle.models.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
     sentence naming the file when its sizes cannot make attention heads or transformers refuses it."""
     _check_head_sizes(fields, file)
     _check_head_numbers(fields, file)
@@ -197,7 +197,7 @@ def _check_head_sizes(fields: dict, file: Path) -> None:
 
 
 def read_head(path: str | Path, target_config=None) -> tuple[Checkpoint, LlamaConfig]:
-    """A head directory in any layout eagle.layouts reads, its config built (and matched to the target's
+    """A head directory in any layout eagle.models.layouts reads, its config built (and matched to the target's
     when given: that sentence says more than a shape) and every tensor checked by name and shape against
     the module it will load into (built on the meta device: no memory)."""
     ckpt = read_checkpoint(path)
@@ -239,7 +239,7 @@ def _check_tensors(head: AnyHead, ckpt: Checkpoint) -> None:
 
 
 def load_head(path: str | Path, target=None) -> AnyHead:
-    """Load a head directory in any public layout (eagle.layouts: official EAGLE-1/2 and EAGLE-3,
+    """Load a head directory in any public layout (eagle.models.layouts: official EAGLE-1/2 and EAGLE-3,
     SpecForge, vLLM speculators); its layer ids become Target.forward's feature_layers and the layout
     is kept as head.layout. Without `embed_tokens` in the file, the target's embedding is shared
     (target is then required, as it is for an EAGLE-3 head that records no layer ids)."""
@@ -307,7 +307,7 @@ def head_sha256(head: AnyHead) -> str:
 
 def head_identity(head: AnyHead | None) -> dict[str, str | dict | None]:
     """What a trace header records of the head: its type, version (head_sha256) and the layout it was
-    read from with its layer-id convention (eagle.layouts.HeadLayout.describe); None without one."""
+    read from with its layer-id convention (eagle.models.layouts.HeadLayout.describe); None without one."""
     if head is None:
         return {"head_type": None, "head_version": None, "head_layout": None}
     layout = head.layout.describe() if head.layout is not None else None
@@ -317,9 +317,9 @@ def head_identity(head: AnyHead | None) -> dict[str, str | dict | None]:
 def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
               dtype: torch.dtype = torch.float16, fmt: str | None = None) -> None:
     """Save in a public layout (default: official EAGLE-1/2 for an EAGLE-1/2 head, SpecForge's EAGLE-3,
-    which SGLang loads, for an EAGLE-3 head; fmt: any of eagle.layouts.FORMATS that fits). No rotary
+    which SGLang loads, for an EAGLE-3 head; fmt: any of eagle.models.layouts.FORMATS that fits). No rotary
     buffers; embed_tokens only when asked; d2t/t2d keep their integer and bool types. Each file is
-    replaced atomically (eagle.files), so a crash or a concurrent save never leaves a torn file."""
+    replaced atomically (eagle.records.files), so a crash or a concurrent save never leaves a torn file."""
     path = Path(path)
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
              for k, v in head.state_dict().items() if include_embedding or not k.startswith("embed_tokens.")}

