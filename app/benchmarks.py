@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle.records.schema import FileFormatError
-from eagle.tools.bench import read_summary
+from eagle.tools.bench.report import read_summary
 
 # Where `eagle bench` writes by default: runs/bench under the working directory (the checkout for
 # `make app`), not beside this file, which an installed wheel puts in site-packages.

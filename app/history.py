@@ -24,7 +24,7 @@ from typing import Iterator
 
 from eagle.records.files import exclusive_lock
 from eagle.records.stats import tau
-from eagle.models.target import cache_dir
+from eagle.models.location import cache_dir
 from eagle.records.trace import Trace, read_trace, write_trace
 
 ENV = "EAGLE_HISTORY"

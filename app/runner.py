@@ -140,7 +140,7 @@ def prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig, on_wait: On
 
 
 def _prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig) -> dict:
-    from eagle.tools.bench import HFRunner  # deferred: the bench module pulls in its datasets
+    from eagle.tools.bench.run import HFRunner  # deferred: the bench module pulls in its datasets
     t0 = time.perf_counter()
     tokens, forwards, _ = HFRunner(models.target, cfg, "hf_pld")(ids)
     return {"mode": "hf_pld", "new_tokens": len(tokens), "target_forwards": forwards,

@@ -11,7 +11,7 @@ from typing import Callable
 import streamlit as st
 
 from eagle.core.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
-from eagle.tools.budget import vanilla_name
+from eagle.tools.budget.choice import vanilla_name
 
 from . import benchmarks
 from .persist import put, save, seed

@@ -13,9 +13,13 @@ from pathlib import Path
 import streamlit as st
 
 from eagle.core.config import DecodeConfig, ModelLimits
-from eagle.models.head import AnyHead, head_identity, resolve_head
-from eagle.tools.budget import auto_config
-from eagle.models.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
+from eagle.models.head import AnyHead
+from eagle.models.headio import head_identity, resolve_head
+from eagle.tools.budget.choice import auto_config
+from eagle.models.loader import load_target
+from eagle.models.location import DEFAULT_MODEL, ModelLoadError
+from eagle.models.precision import DTYPE_CHOICES, dtype_name
+from eagle.models.target import Target
 from eagle.records.trace import Trace
 
 from . import history, worker

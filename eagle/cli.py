@@ -21,10 +21,12 @@ from .records.files import atomic_write_json, run_guarded
 from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
     load_pair, model_spec
 from .records.questions import load_questions
-from .models.target import DEFAULT_MODEL, device_name, dtype_name
-from .tools.bench import main as bench_main
+from .models.location import DEFAULT_MODEL
+from .models.precision import device_name, dtype_name
+from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget import BUDGET_KEYS, auto_config, vanilla_name
+from .tools.budget.choice import auto_config, vanilla_name
+from .tools.budget.costs import BUDGET_KEYS
 from .tools.headexport import export_head
 from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama

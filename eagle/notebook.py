@@ -18,7 +18,7 @@ import torch
 from .tools.loading import DecodeSettings, ModelSpec, budget_mode, load_pair, model_spec
 from .core.config import DecodeConfig, SettingError
 from .core.decode import Generation, PromptError, generate
-from .models.target import ModelLoadError
+from .models.location import ModelLoadError
 from .frames import nodes_frame, steps_frame
 from .tools.session import Session
 from .records.trace import Trace

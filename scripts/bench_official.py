@@ -100,8 +100,10 @@ def make_assets(out: Path, vocab: int, seed: int) -> None:
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle.models.head import new_head, save_head
-    from eagle.models.target import Target, with_legacy_keys
+    from eagle.models.head import new_head
+    from eagle.models.headio import save_head
+    from eagle.models.conversion import with_legacy_keys
+    from eagle.models.target import Target
 
     base, head_dir = out / "base", out / "head"
     base.mkdir(parents=True, exist_ok=True)
@@ -147,8 +149,8 @@ def worker_ours(args) -> None:
     import eagle
     from eagle.core.config import DecodeConfig
     from eagle.core.decode import Decoder
-    from eagle.models.head import load_head
-    from eagle.models.target import load_target
+    from eagle.models.headio import load_head
+    from eagle.models.loader import load_target
 
     assets = Path(args.assets)
     target = load_target(str(assets / "base"), device="cpu", dtype="float32")

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import runner
 from eagle.core.config import DecodeConfig
-from eagle.models.target import DEFAULT_MODEL
+from eagle.models.location import DEFAULT_MODEL
 from eagle.records.trace import read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -396,7 +396,7 @@ def test_runner_stop_and_lock(traces):
     """on_step returning True stops cleanly; a held lock makes the run wait (calling on_wait)."""
     from app import runner, state
     from eagle.core.config import DecodeConfig
-    from eagle.models.target import DEFAULT_MODEL
+    from eagle.models.location import DEFAULT_MODEL
     models = state._load_models(DEFAULT_MODEL, "auto", "auto")  # the AppTests' cached pair
     decoder, ids, trace = runner.prepare(models, "Count to ten.", DecodeConfig(**SMALL))
     waits = []

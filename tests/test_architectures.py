@@ -6,7 +6,8 @@ import torch
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate
 from eagle.models.head import new_head
-from eagle.models.target import ModelLoadError, load_target
+from eagle.models.loader import load_target
+from eagle.models.location import ModelLoadError
 from eagle.core.tree import build_tree
 from tests.tiny import FAMILIES, WINDOW, family_config, family_target
 

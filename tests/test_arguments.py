@@ -240,7 +240,7 @@ FREE_TEXT = {("export-head", "--verifier")}
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     import analysis.__main__ as analysis_main
-    from eagle.tools.bench import build_parser as bench_parser
+    from eagle.tools.bench.command import build_parser as bench_parser
 
     def subcommands(parser):
         return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices

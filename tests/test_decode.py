@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 from eagle.core.adaptive import RoundCosts
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, PromptError, encode_prompt, generate
-from eagle.models.head import HeadMismatchError, load_head, new_head, save_head
+from eagle.models.head import new_head
+from eagle.models.headio import HeadMismatchError, load_head, save_head
 from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.core.verify import process_logits
 from tests.tiny import tiny_pair
@@ -29,7 +30,7 @@ def vanilla_refs(target, mt_prompts):
     Decoded once per test run: the first xdist worker writes them to the run's cache under a lock, the
     other reads them (about a minute of fp32 decoding saved)."""
     from eagle.records.files import atomic_write_json, exclusive_lock, read_json_or_none
-    from eagle.models.target import cache_dir
+    from eagle.models.location import cache_dir
     path = cache_dir() / "test-vanilla-refs.json"
     with exclusive_lock(cache_dir() / ".test-vanilla-refs.lock", "the vanilla references", wait=True):
         refs = read_json_or_none(path)

@@ -9,7 +9,7 @@ from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate
 from eagle.core.detok import REPLACEMENT, TextWindow, next_text, token_text
 from eagle.models.head import new_head
-from eagle.models.target import default_gguf_path
+from eagle.models.conversion import default_gguf_path
 from tests.tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny forwards: see tests/conftest.py

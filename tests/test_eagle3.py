@@ -12,9 +12,10 @@ from safetensors.torch import load_file, save_file
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, encode_prompt, generate
 from eagle.core.draft import Drafter
-from eagle.models.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
+from eagle.models.head import DraftHead, new_head
+from eagle.models.headio import head_identity, head_sha256, load_head, save_head
 from eagle.models.head3 import Eagle3Head
-from eagle.tools.budget import auto_config
+from eagle.tools.budget.choice import auto_config
 from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.training.features import extract_features, load_shards, prepare_features
 from eagle.training.train import train_head

@@ -28,11 +28,13 @@ from app.benchmarks import measured_auto_speedup
 from app.sources import read_files
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate
-from eagle.models.head import COUNTS_FILE, HEAD_KINDS, load_head, new_head, save_head
+from eagle.models.head import HEAD_KINDS, new_head
+from eagle.models.headio import COUNTS_FILE, load_head, save_head
 from eagle.records.schema import FileFormatError
-from eagle.tools import budget
-from eagle.tools.bench import Expected, load_store, read_summary
-from eagle.tools.specbench import answer_records, mean_speed, read_answers
+from eagle.tools.budget import choice as budget_choice, costs as budget_costs
+from eagle.tools.bench.report import read_summary
+from eagle.tools.bench.store import Expected, load_store
+from eagle.tools.bench.specbench import answer_records, mean_speed, read_answers
 from eagle.records.trace import Trace, TraceHeader, _parse, read_trace, write_trace
 from eagle.training.distill import read_distilled
 from eagle.training.features import MANIFEST, _write_shard, check_features, load_shards
@@ -251,18 +253,18 @@ def test_bench_summary_is_read_or_refused(data) -> None:
 
 
 # ---- cost caches -----------------------------------------------------------------------------------
-COSTS = json.loads(json.dumps(budget.Costs("tiny|fuzz", {1: 0.01, 2: 0.012}, {"1/0": (0.001, 0.0005)}, 0.002,
+COSTS = json.loads(json.dumps(budget_costs.Costs("tiny|fuzz", {1: 0.01, 2: 0.012}, {"1/0": (0.001, 0.0005)}, 0.002,
                                            {"repeats": 3}, {768: {1: 0.02}}, {32: 0.05}, 0.0001, 0.0002).to_json()))
 
 
 @FUZZ
 @given(data=st.data())
 def test_a_malformed_cost_cache_is_measured_again(data) -> None:
-    budget.save_costs(budget.Costs.from_json(COSTS))
-    assert budget.load_costs(COSTS["key"]) is not None
+    budget_costs.save_costs(budget_costs.Costs.from_json(COSTS))
+    assert budget_costs.load_costs(COSTS["key"]) is not None
     bad = data.draw(mutated(COSTS))
-    budget.cost_path(COSTS["key"]).write_text(dumps(bad), encoding="utf-8")
-    costs = budget.load_costs(COSTS["key"])
+    budget_costs.cost_path(COSTS["key"]).write_text(dumps(bad), encoding="utf-8")
+    costs = budget_costs.load_costs(COSTS["key"])
     if costs is not None:  # usable as the cost model uses it
         seconds = [*costs.verify.values(), *costs.prefill.values(), costs.overhead, costs.host_tree,
                    costs.host_plain, *(t for v in costs.draft.values() for t in v),
@@ -287,14 +289,14 @@ def test_a_malformed_auto_report_is_chosen_again(data) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "auto.json"
         path.write_text(dumps(REPORT), encoding="utf-8")
-        assert budget.read_auto_report(path, NS, TOP_KS, VOCABS) == REPORT
+        assert budget_choice.read_auto_report(path, NS, TOP_KS, VOCABS) == REPORT
         path.write_text(dumps(data.draw(mutated(REPORT))), encoding="utf-8")
-        report = budget.read_auto_report(path, NS, TOP_KS, VOCABS)
+        report = budget_choice.read_auto_report(path, NS, TOP_KS, VOCABS)
     if report is not None:
         chosen = report["chosen"]
         assert chosen["total_tokens"] in NS and chosen["top_k"] in TOP_KS and chosen["draft_vocab"] in VOCABS
         assert report["t_verify"]["1"] > 0 and report["t_plain"] > 0
-        assert budget.measured_under_load(report["t_verify"]["1"], 0.01) in (True, False)
+        assert budget_costs.measured_under_load(report["t_verify"]["1"], 0.01) in (True, False)
 
 
 # ---- head config.json and weights -------------------------------------------------------------------

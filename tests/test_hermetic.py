@@ -6,7 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eagle.models.target import cache_dir
+from eagle.models.location import cache_dir
 from tests.conftest import RUN_CACHE_VAR, USER_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ PROBE = '''
 import json
 from pathlib import Path
 from eagle.records.files import atomic_write_json
-from eagle.models.target import cache_dir
+from eagle.models.location import cache_dir
 
 
 def test_writes_the_run_cache():

@@ -40,3 +40,18 @@ def test_the_checker_sees_a_cycle_an_upward_import_and_a_stray_module() -> None:
     assert ig.cycles(g) == [["eagle.core.a", "eagle.core.b"]]
     assert ig.upward(g) == [("eagle.core.decode", "analysis.figures"), ("eagle.models.head", "eagle.core.tree")]
     assert ig.unplaced(g) == ["eagle.helpers"]
+
+
+def test_readmes_module_map_names_every_module_and_folder_of_eagle() -> None:
+    """README's map (How it works) names each module and folder of eagle/, and nothing that is not there."""
+    import re
+    root = SCRIPT.parent.parent
+    text = (root / "README.md").read_text(encoding="utf-8").split("## How it works", 1)[1]
+    block = text.split("```", 2)[1]
+    listing = block[block.index("\neagle/ "):]
+    named = set(re.findall(r"\b([a-z0-9_]+\.py)\b", listing))
+    modules = {p.name for p in (root / "eagle").rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert named == modules
+    folders = {p.name for p in (root / "eagle").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    folders |= {p.name for p in (root / "eagle" / "tools").iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= set(re.findall(r"\b([a-z]+)/", listing))

@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate
 from eagle.core.draft import Drafter
-from eagle.models.head import DraftHead, head_identity, load_head, new_head, save_head
+from eagle.models.head import DraftHead, new_head
+from eagle.models.headio import head_identity, load_head, save_head
 from eagle.models.head3 import Eagle3Head
 from eagle.models.layouts import HeadLayoutError, eagle3_feature_layers
 from eagle.tools.headexport import export_head

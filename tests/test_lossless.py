@@ -5,9 +5,9 @@ import torch
 
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, encode_prompt, generate
-from eagle.models.head import load_head, shipped_head_path
+from eagle.models.headio import load_head, shipped_head_path
 from eagle.core.lossless import NEAR_TIE_LOGIT_GAP, choice_gap_at, first_divergence, is_precision_flip, logit_gap_at
-from eagle.models.target import load_target
+from eagle.models.loader import load_target
 
 def test_divergence_rules() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None

@@ -29,7 +29,7 @@ def test_phases_sum_to_the_round_and_overhead_is_the_rest(single_thread):
 
 
 def test_tiny_llama_shares_the_tokenizer_and_is_tiny(tiny_dir):  # noqa: F811
-    from eagle.models.target import load_target
+    from eagle.models.loader import load_target
     like = load_target(str(tiny_dir), dtype="float32")
     tiny, head = tiny_llama(like)
     assert tiny.tokenizer is like.tokenizer and tiny.config.vocab_size == like.config.vocab_size

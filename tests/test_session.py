@@ -11,11 +11,11 @@ from app.state import Models
 from eagle import cli
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import generate
-from eagle.models.head import head_identity, resolve_head
+from eagle.models.headio import head_identity, resolve_head
 from eagle.tools.loading import budget_mode
 from eagle.notebook import Explorer
-from eagle.models.target import load_target
-from eagle.tools import bench
+from eagle.models.loader import load_target
+from eagle.tools.bench import command as bench_command
 from eagle.tools.session import Session
 from eagle.records.trace import read_trace
 from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture)
@@ -49,7 +49,7 @@ def test_four_front_ends_write_the_same_header_and_tokens(tiny_dir, tmp_path, si
 
     dataset = tmp_path / "q.jsonl"
     dataset.write_text(json.dumps({"question_id": 1, "category": "c", "turns": [PROMPT]}) + "\n")
-    assert bench.main(["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same",
+    assert bench_command.main(["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same",
                        *FLAGS, "--out", str(tmp_path / "bench"), "--threads", "1"]) == 0
     bench_trace = read_trace(tmp_path / "bench" / "traces" / "dynamic.jsonl")[0][0]
 

@@ -10,7 +10,7 @@ from analysis import tables as T
 from eagle.records import stats
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate
-from eagle.tools import bench
+from eagle.tools.bench import report as bench_report, store as bench_store
 from eagle.records.trace import StepRecord, Trace, TraceHeader
 from tests.tiny import tiny_pair
 
@@ -74,11 +74,11 @@ def _bench_like_traces() -> list[Trace]:
 
 def test_bench_and_analysis_agree_on_the_same_traces(single_thread):
     traces = _bench_like_traces()
-    results = [bench._result_of(t) for t in traces]  # how the bench reads its stored generations back
+    results = [bench_store._result_of(t) for t in traces]  # how the bench reads its stored generations back
     table = T.compare_modes(traces).set_index("mode")
     assert set(table.index) == {"vanilla", "dynamic", "hf"}
     for mode in table.index:
-        ours = bench.mode_stats([r for r in results if r.mode == mode])
+        ours = bench_report.mode_stats([r for r in results if r.mode == mode])
         row = table.loc[mode]
         assert row["tau"] == pytest.approx(ours["tau"]) and row["new_tokens"] == ours["tokens"]
         assert row["tokens_per_s"] == pytest.approx(ours["tokens_per_second"])

@@ -45,7 +45,7 @@ def tiny_features(target: Target, out, n_train: int = 12, n_heldout: int = 4, le
     tokenizer lacks). The target needs at least 3 layers."""
     from pathlib import Path
 
-    from eagle.models.head import COUNTS_FILE
+    from eagle.models.headio import COUNTS_FILE
     from eagle.models.layouts import eagle3_feature_layers
     from eagle.training.features import _save_tensors, _write_shard, count_tokens, samples_sha256
     from eagle.records.files import atomic_write_json
@@ -101,7 +101,7 @@ FAMILIES = ("llama", "qwen2", "qwen2-window", "qwen3", "mistral", "mistral-windo
 def family_target(family: str, seed: int = 0, vocab: int = 16) -> Target:
     """A tiny random target of `family`, with the attention load_target would pick for it."""
     from transformers import AutoModelForCausalLM
-    from eagle.models.target import attention_for
+    from eagle.models.loader import attention_for
     config = family_config(family, vocab)
     config._attn_implementation = attention_for(config)
     torch.manual_seed(seed)

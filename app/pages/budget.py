@@ -8,7 +8,7 @@ import streamlit as st
 
 from analysis.figures import budget_figure
 from app import exports, render, state
-from eagle.tools.budget import vanilla_name
+from eagle.tools.budget.choice import vanilla_name
 
 COLUMNS = ["total_tokens", "depth", "top_k", "draft_vocab", "accept_length", "round_s", "tokens_per_s", "speedup"]
 

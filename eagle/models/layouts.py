@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save
 
 from ..records.files import atomic_write, atomic_write_json, read_json_object
 from ..records.schema import FileFormatError
-from .target import with_legacy_keys
+from .conversion import with_legacy_keys
 
 EAGLE, EAGLE3, SPECFORGE, SPECULATORS = "eagle", "eagle3", "specforge", "speculators"
 FORMATS = (EAGLE3, SPECULATORS, EAGLE)  # what export-head writes

@@ -113,7 +113,7 @@ class TraceHeader:
     meta: dict = field(default_factory=dict)
     generation: str = field(default_factory=new_generation_id)
     head_type: str | None = None  # "eagle1" (EAGLE-1/2 layout) or "eagle3"; None without a head
-    head_version: str | None = None  # eagle.models.head.head_sha256 of the head's weights
+    head_version: str | None = None  # eagle.models.headio.head_sha256 of the head's weights
     head_layout: dict | None = None  # eagle.models.layouts.HeadLayout.describe(): layout name and layer-id convention
 
     def to_dict(self) -> dict:

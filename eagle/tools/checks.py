@@ -13,7 +13,7 @@ from typing import Callable, NoReturn
 import torch
 
 from ..core.config import SEED_MAX, TEMPERATURE_MAX, SettingError
-from ..models.target import parse_device
+from ..models.precision import parse_device
 
 # The range of each numeric flag, by argparse dest: (least, greatest or None for no bound). One table
 # for every command, so a flag two commands share (--batch, --vocab-k) has one range; 0 is allowed

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .checks import check_output
 from ..records.files import atomic_write
-from ..models.head import COUNTS_FILE, read_head
+from ..models.headio import COUNTS_FILE, read_head
 from ..models.layouts import HeadLayout, write_checkpoint
-from ..models.target import DEFAULT_MODEL
+from ..models.location import DEFAULT_MODEL
 from .tokenmap import head_dir
 
 STALE = ("pytorch_model.bin",)  # an old weights file the official loader would read before ours

@@ -12,8 +12,12 @@ from typing import Callable
 
 from .checks import check_ranges, check_seed
 from ..core.config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError
-from ..models.head import AnyHead, locate_head, resolve_head
-from ..models.target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target, locate_model, looks_like_path, parse_device
+from ..models.head import AnyHead
+from ..models.headio import locate_head, resolve_head
+from ..models.loader import load_target
+from ..models.location import DEFAULT_MODEL, locate_model, looks_like_path
+from ..models.precision import DTYPE_CHOICES, parse_device
+from ..models.target import Target
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
   --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified

@@ -17,7 +17,8 @@ from ..core.decode import Decoder, generate
 from ..core.adaptive import RoundCosts
 from ..models.head import AnyHead, new_head
 from ..records.stats import tau
-from ..models.target import Target, dtype_name
+from ..models.precision import dtype_name
+from ..models.target import Target
 from ..records.timing import STEP_PHASES, phase_seconds
 from ..records.trace import StepRecord
 

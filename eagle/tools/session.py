@@ -9,11 +9,13 @@ from dataclasses import asdict, dataclass, field
 from ..core.adaptive import RoundCosts
 from ..core.config import DecodeConfig
 from ..core.decode import Decoder, encode_prompt
-from ..models.head import AnyHead, head_identity
+from ..models.head import AnyHead
+from ..models.headio import head_identity
 from .loading import check_budget
-from ..models.target import Target, dtype_name
+from ..models.precision import dtype_name
+from ..models.target import Target
 from ..records.trace import TraceHeader
-from .budget import tuned_config
+from .budget.choice import tuned_config
 
 Prompt = str | list[dict]  # one user message, or a conversation of chat messages
 DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanilla and bench's HF modes do not)

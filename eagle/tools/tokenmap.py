@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from ..records.files import atomic_write, torch_bytes
-from ..models.head import COUNTS_FILE, read_head, read_token_counts, shipped_head_path, top_token_ids
-from ..models.target import DEFAULT_MODEL
+from ..models.head3 import top_token_ids
+from ..models.headio import COUNTS_FILE, read_head, read_token_counts, shipped_head_path
+from ..models.location import DEFAULT_MODEL
 
 
 def head_dir(head: str, model: str) -> Path:

@@ -32,10 +32,11 @@ from tqdm import tqdm
 from ..core.config import DecodeConfig
 from ..core.decode import generate
 from ..records.files import atomic_write_json, exclusive_lock, read_json_object, run_logger
-from ..models.head import load_head
+from ..models.headio import load_head
 from ..records.questions import load_questions, select_questions
 from ..records.stats import tau
-from ..models.target import Target, dtype_name
+from ..models.precision import dtype_name
+from ..models.target import Target
 from ..tools.session import Session
 from .features import check_features
 from .objective import default_loss

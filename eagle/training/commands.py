@@ -11,7 +11,10 @@ from pathlib import Path
 from ..tools.checks import ArgumentParser, check_argv, check_output, check_runtime_args
 from ..records.files import atomic_write, run_guarded
 from ..models.head import HEAD_KINDS
-from ..models.target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
+from ..models.loader import load_target
+from ..models.location import DEFAULT_MODEL
+from ..models.precision import DTYPE_CHOICES
+from ..models.target import Target
 from ..records.questions import load_questions
 from .ablation import (RECIPE_NAMES, AblationConfig, check_ablation_features, parse_fractions, parse_tree,
                        run_ablation)

@@ -19,10 +19,12 @@ from safetensors.torch import save
 from tqdm import tqdm
 
 from ..records.files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
-from ..models.head import COUNTS_FILE, HEAD_KINDS, read_tensors
-from ..models.layouts import eagle3_feature_layers
+from ..models.head import HEAD_KINDS
+from ..models.headio import COUNTS_FILE
+from ..models.layouts import eagle3_feature_layers, read_tensors
 from ..records.schema import FileFormatError, check_ids, check_in, check_object, check_offsets, check_tensor
-from ..models.target import Target, dtype_name
+from ..models.precision import dtype_name
+from ..models.target import Target
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .store import target_sha256

@@ -16,8 +16,11 @@ import torch
 from tqdm import tqdm
 
 from ..records.files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
-from ..models.head import COUNTS_FILE, AnyHead, load_head, new_head, read_token_counts, save_head, top_token_ids
-from ..models.target import Target, dtype_name
+from ..models.head import AnyHead, new_head
+from ..models.head3 import top_token_ids
+from ..models.headio import COUNTS_FILE, load_head, read_token_counts, save_head
+from ..models.precision import dtype_name
+from ..models.target import Target
 from .features import Sequence, check_features, count_tokens, load_shards
 from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
                         unroll)

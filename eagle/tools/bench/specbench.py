@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..records.stats import mean_rate, speedup
-from ..records.files import atomic_write
-from ..records.schema import check_object, check_value, fail
-from ..records.trace import Trace, read_trace
+from ...records.stats import mean_rate, speedup
+from ...records.files import atomic_write
+from ...records.schema import check_object, check_value, fail
+from ...records.trace import Trace, read_trace
 
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
 # What every method of one export must share: its answers are compared question by question.
