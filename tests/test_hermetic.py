@@ -22,7 +22,7 @@ def test_the_cache_is_a_temporary_directory_of_this_run():
 
 
 def test_a_cli_subprocess_uses_the_same_cache():
-    code = "from eagle.models.target import cache_dir; print(cache_dir())"
+    code = "from eagle.models.location import cache_dir; print(cache_dir())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(cache_dir())

@@ -49,7 +49,7 @@ def test_readmes_module_map_names_every_module_and_folder_of_eagle() -> None:
     text = (root / "README.md").read_text(encoding="utf-8").split("## How it works", 1)[1]
     block = text.split("```", 2)[1]
     listing = block[block.index("\neagle/ "):]
-    named = set(re.findall(r"\b([a-z0-9_]+\.py)\b", listing))
+    named = set(re.findall(r"(?<![/\w])([a-z0-9_]+\.py)\b", listing))  # not scripts/...
     modules = {p.name for p in (root / "eagle").rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
     assert named == modules
     folders = {p.name for p in (root / "eagle").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
