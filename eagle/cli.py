@@ -25,8 +25,9 @@ from .models.location import DEFAULT_MODEL
 from .models.precision import device_name, dtype_name
 from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget.choice import auto_config, vanilla_name
+from .tools.budget.choice import auto_config
 from .tools.budget.costs import BUDGET_KEYS
+from .tools.budget.report import AutoReport
 from .tools.headexport import export_head
 from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
@@ -111,11 +112,11 @@ def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, s
               file=sys.stderr)
 
 
-def _budget_line(budget: str, report: dict) -> str:
-    chosen = report.get("context_choice") or {**report["chosen"], "speedup": report["expected_speedup"]}
-    where = f" for a {report['context']}-token context" if "context" in report else ""
+def _budget_line(budget: str, report: AutoReport) -> str:
+    chosen = report.context_choice or {**report.chosen, "speedup": report.expected_speedup}
+    where = f" for a {report.context}-token context" if report.context is not None else ""
     shape = {k: chosen[k] for k in BUDGET_KEYS}
-    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {vanilla_name(report)}; "
+    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {report.vanilla_label}; "
             "--budget fixed for the flags' values)")
 
 
@@ -124,24 +125,23 @@ def cmd_budget(args: argparse.Namespace) -> int:
     check_runtime_args(args)
     target, head, _ = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
-    report = {**report, "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}))
         return 0
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
     print(f"dtype: {dtype_name(target.dtype)} ({why})")
-    print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
-          f"{report['expected_speedup']:.2f}x {vanilla_name(report)} ({report['vanilla_tokens_per_s']:.1f} tok/s; "
-          f"{report['expected_speedup_same_dtype']:.2f}x vanilla {dtype_name(target.dtype)})")
+    print(f"chosen: {report.chosen}  expected tau {report.expected_accept_length:.2f}, "
+          f"{report.expected_speedup:.2f}x {report.vanilla_label} ({report.vanilla_tokens_per_s:.1f} tok/s; "
+          f"{report.expected_speedup_same_dtype:.2f}x vanilla {dtype_name(target.dtype)})")
     print("tree size  expected tau  round ms  expected tok/s")
-    for r in report["curve"]:
+    for r in report.curve:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
               f"{r['tokens_per_s']:14.1f}")
-    for row in report.get("by_context", []):
+    for row in report.by_context:
         shape = "/".join(str(row[k]) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
         print(f"at a {row['context']:4d}-token context: {shape} (total/depth/top_k/vocab), "
-              f"expected {row['speedup']:.2f}x {vanilla_name(report)}")
-    print(f"report: {report['auto_file']}")
+              f"expected {row['speedup']:.2f}x {report.vanilla_label}")
+    print(f"report: {report.auto_file}")
     return 0
 
 

@@ -245,7 +245,7 @@ def test_auto_budget_drives_the_live_config(live):
     radio = live.sidebar.radio(key="live_budget")
     radio.set_value("auto").run()
     _no_trouble(live)
-    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto"))["chosen"]
+    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto")).chosen
     config = live.session_state["live_run"].header.config
     assert {k: config[k] for k in chosen} == chosen
     live.sidebar.radio(key="live_budget").set_value("adaptive").run()  # auto's shape, sized every round

@@ -136,13 +136,13 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
     from eagle.tools.budget import choice as budget_choice, costs as budget_costs
     from eagle.core.config import DecodeConfig
+    from tests.tiny import fixed_auto_report
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
              for n in (2, 4, 8)]
     t_verify = {1: 0.04, 2: 0.045, 4: 0.05, 8: 0.07}
     costs = budget_costs.Costs("k", t_verify, {"3/0": (0.01, 0.005)}, 0.002, prefill={32: 0.1, 192: 0.3}, host_tree=0.001)
-    report = dict(chosen=chosen, curve=curve, t_verify={str(n): t for n, t in t_verify.items()}, costs=costs.to_json(),
-                  alpha=1.0, expected_speedup=1.1, expected_tokens_per_s=3.0, expected_accept_length=1.5)
+    report = fixed_auto_report(chosen, costs, curve, expected_speedup=1.1, expected_tokens_per_s=3.0)
     monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,

@@ -1,5 +1,7 @@
 """The budget chooser on a synthetic cost model with a hand-computed optimum, the replay estimate of
 accepted lengths, the per-machine cost cache, and auto_config on the real model."""
+import json
+
 import numpy as np
 import torch
 import pytest
@@ -131,56 +133,58 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     cfg, report = budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
                                      repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
     assert cfg.max_new_tokens == 7 and cfg.draft_vocab == 0  # a random head has no token counts
-    assert (cfg.total_tokens, cfg.depth, cfg.top_k) == tuple(report["chosen"][k] for k in ("total_tokens", "depth",
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k) == tuple(report.chosen[k] for k in ("total_tokens", "depth",
                                                                                           "top_k"))
     assert cfg.total_tokens in (2, 8, 16) and cfg.top_k in (1, 4)
-    assert report["calibration_rounds"] > 0 and report["top"][0]["tokens_per_s"] > 0
-    curve = report["curve"]  # the chosen shape at every tree size: what the dashboard plots
+    assert report.calibration_rounds > 0 and report.top[0]["tokens_per_s"] > 0
+    curve = report.curve  # the chosen shape at every tree size: what the dashboard plots
     assert [r["total_tokens"] for r in curve] == sorted(r["total_tokens"] for r in curve)
     assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
     # vanilla: the fastest precision this CPU runs (never slower than the target's own), named
     # plain decoding costs the one-token verify plus what a real plain round spends beyond it (measured)
-    assert report["t_plain"] == pytest.approx(report["t_verify"]["1"] + report["host_ms"]["plain"] / 1000)
-    assert report["vanilla_same_dtype_tokens_per_s"] == pytest.approx(1 / report["t_plain"])
-    costs = budget_costs.Costs.from_json(report["costs"])
+    assert report.t_plain == pytest.approx(report.t_verify["1"] + report.host_ms["plain"] / 1000)
+    assert report.vanilla_same_dtype_tokens_per_s == pytest.approx(1 / report.t_plain)
+    costs = report.costs
     assert sorted(costs.prefill) == sorted({min(p, budget_costs.PREFIX_LEN) for p in budget_costs.PREFILL_LENS})
     assert min(costs.prefill.values()) > 0
-    assert costs.host_tree == pytest.approx(report["host_ms"]["tree"] / 1000)
-    c = report["chosen"]
-    assert report["top"][0]["round_s"] == pytest.approx(costs.round_cost(c["total_tokens"], c["depth"], c["top_k"],
+    assert costs.host_tree == pytest.approx(report.host_ms["tree"] / 1000)
+    c = report.chosen
+    assert report.top[0]["round_s"] == pytest.approx(costs.round_cost(c["total_tokens"], c["depth"], c["top_k"],
                                                                          c["draft_vocab"]))
     # a generation's expected time: its prompt's prefill, then rounds of E[accept] tokens each
     assert budget_choice.expected_seconds(report, 40, 1) == pytest.approx(costs.t_prefill(40))
     assert budget_choice.expected_seconds(report, 40, 65) > budget_choice.expected_seconds(report, 40, 33) > costs.t_prefill(40)
-    assert report["vanilla_tokens_per_s"] >= report["vanilla_same_dtype_tokens_per_s"]
-    assert report["vanilla_dtype"] in ("float32", "bfloat16") and "fastest here" in budget_choice.vanilla_name(report)
-    assert report["expected_speedup"] == pytest.approx(report["expected_speedup_same_dtype"] *
-                                                       report["vanilla_same_dtype_tokens_per_s"] /
-                                                       report["vanilla_tokens_per_s"])
-    assert report["beats_vanilla"] == (report["expected_speedup"] > 1)
-    contexts = [row["context"] for row in report["by_context"]]
+    assert report.vanilla_tokens_per_s >= report.vanilla_same_dtype_tokens_per_s
+    assert report.vanilla_dtype in ("float32", "bfloat16") and "fastest here" in report.vanilla_label
+    assert report.expected_speedup == pytest.approx(report.expected_speedup_same_dtype *
+                                                       report.vanilla_same_dtype_tokens_per_s /
+                                                       report.vanilla_tokens_per_s)
+    assert report.beats_vanilla == (report.expected_speedup > 1)
+    as_json = json.loads(json.dumps(report.to_json()))  # budget --json and bench's summary.json
+    assert as_json["chosen"] == report.chosen and budget_costs.Costs.from_json(as_json["costs"]) == report.costs
+    contexts = [row["context"] for row in report.by_context]
     assert contexts == sorted(budget_costs.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
     row = budget_choice.choice_at_context(report, 192)  # the cached report chooses again without measuring
-    assert {k: row[k] for k in report["chosen"]} == report["chosen"]
+    assert {k: row[k] for k in report.chosen} == report.chosen
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")
-    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report["t_verify"]["1"])
+    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report.t_verify["1"])
     monkeypatch.setattr(budget_choice, "_auto_report", fail)
     again, cached = budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
                                        repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
-    assert again == cfg and cached["chosen"] == report["chosen"]
-    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report["t_verify"]["1"] / 2)  # cache was loaded
+    assert again == cfg and cached.chosen == report.chosen
+    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report.t_verify["1"] / 2)  # cache was loaded
     with pytest.raises(AssertionError, match="searched again"):
         budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
                            ns=(1, 2, 8, 16), top_ks=(1, 4))
 
     # tuned_config on the cached report: auto chooses for the generation's context, adaptive per round
-    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, c, **kw: (c.with_(**report["chosen"]), report))
+    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, c, **kw: (c.with_(**report.chosen), report))
     long_cfg, _, long_report = budget_choice.tuned_config(target, random_head, base, "auto", context=1500)
-    assert long_report["context"] == 1500
-    assert long_cfg.total_tokens == long_report["context_choice"]["total_tokens"] == \
+    assert long_report.context == 1500
+    assert long_cfg.total_tokens == long_report.context_choice["total_tokens"] == \
         budget_choice.choice_at_context(report, 1500)["total_tokens"]
     _, round_costs, _ = budget_choice.tuned_config(target, random_head, base, "adaptive")
     assert round_costs.contexts == budget_costs.CONTEXTS and round_costs.verify_at(2048) != round_costs.verify

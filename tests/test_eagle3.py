@@ -317,12 +317,12 @@ def test_draft_vocab_ids_are_the_drafters_tokens_and_auto_budget_runs_on_eagle3(
 
     grid = dict(prompts=["a tiny prompt"], vocabs=(0, 4), repeats=1, max_new_tokens=12, ns=(1, 2, 4), top_ks=(1, 2))
     cfg, report = auto_config(target, head, DecodeConfig(max_new_tokens=5), **grid)
-    assert (cfg.total_tokens, cfg.depth, cfg.top_k, cfg.draft_vocab) == tuple(report["chosen"][k] for k in
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k, cfg.draft_vocab) == tuple(report.chosen[k] for k in
                                                                              ("total_tokens", "depth", "top_k",
                                                                               "draft_vocab"))
     assert cfg.max_new_tokens == 5 and cfg.total_tokens in (1, 2, 4) and cfg.draft_vocab in (0, 4)
-    assert report["calibration_rounds"] > 0 and f"eagle3-{len(DRAFT_IDS)}" in report["costs_key"]
-    eagle1_key = auto_config(target, new_head(target, seed=2), DecodeConfig(), **grid)[1]["costs_key"]
-    assert eagle1_key.endswith("eagle1") and eagle1_key != report["costs_key"]  # drafting costs differ
+    assert report.calibration_rounds > 0 and f"eagle3-{len(DRAFT_IDS)}" in report.costs.key
+    eagle1_key = auto_config(target, new_head(target, seed=2), DecodeConfig(), **grid)[1].costs.key
+    assert eagle1_key.endswith("eagle1") and eagle1_key != report.costs.key  # drafting costs differ
     out = generate(Decoder(target, head, cfg.with_(max_new_tokens=12)), [1, 2, 3])
     assert out.tokens == generate(Decoder(target, None, cfg.with_(mode="vanilla", max_new_tokens=12)), [1, 2, 3]).tokens

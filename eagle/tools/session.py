@@ -16,6 +16,7 @@ from ..models.precision import dtype_name
 from ..models.target import Target
 from ..records.trace import TraceHeader
 from .budget.choice import tuned_config
+from .budget.report import AutoReport
 
 Prompt = str | list[dict]  # one user message, or a conversation of chat messages
 DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanilla and bench's HF modes do not)
@@ -29,7 +30,7 @@ class Prepared:
     config: DecodeConfig  # the tree the budget chose, or the one given
     decoder: Decoder
     header: TraceHeader
-    budget_report: dict | None = None  # the auto report when a budget was tuned
+    budget_report: AutoReport | None = None  # the auto report when a budget was tuned
     note: str | None = None  # why the settings were changed (auto fell back to plain decoding)
 
 
@@ -47,7 +48,7 @@ class Session:
         return cls(target, head, head_source, head_identity(head))
 
     def tune(self, cfg: DecodeConfig, budget: str,
-             context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict | None]:
+             context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport | None]:
         """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
         take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
         auto's own choice, at its probe's prefix length)."""
@@ -57,13 +58,13 @@ class Session:
         return tuned_config(self.target, self.head, cfg, budget, context=context)
 
     @staticmethod
-    def fallback(cfg: DecodeConfig, report: dict | None) -> tuple[DecodeConfig, str | None]:
+    def fallback(cfg: DecodeConfig, report: AutoReport | None) -> tuple[DecodeConfig, str | None]:
         """Plain decoding, and the sentence saying why, when the auto budget expects no tree to beat
         vanilla decoding at the model's own precision (a random or poor head); else cfg unchanged."""
-        if report is None or "expected_speedup_same_dtype" not in report:
+        if report is None:
             return cfg, None
-        choice = report.get("context_choice")
-        expected = choice["speedup_same_dtype"] if choice else report["expected_speedup_same_dtype"]
+        choice = report.context_choice
+        expected = choice["speedup_same_dtype"] if choice else report.expected_speedup_same_dtype
         if expected >= 1.0:
             return cfg, None
         return cfg.with_(mode="vanilla"), (f"the auto budget expects no tree to pay here (its best, "

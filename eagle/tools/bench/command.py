@@ -18,7 +18,8 @@ from ...models.precision import dtype_name, runnable_dtypes
 from ...records.files import exclusive_lock, run_guarded
 from ...records.questions import DATASETS, load_questions, select_questions
 from ...records.schema import FileFormatError
-from ..budget.choice import tuned_config, vanilla_name
+from ..budget.choice import tuned_config
+from ..budget.report import AutoReport
 from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
 from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, budget_mode, check_local_paths, \
     config_from_args, flag_name, load_pair, model_spec
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
-                  default_dtype: str) -> tuple[dict, dict | None, dict, dict[str, dict]]:
+                  default_dtype: str) -> tuple[dict, AutoReport | None, dict, dict[str, AutoReport]]:
     """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
     (or None) and the adaptive modes' round costs. dynamic:auto, and a plain dynamic wherever generate
     would use auto (see _tuned), take the auto budget; dynamic:adaptive its shape with a per-round
@@ -81,8 +82,8 @@ def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: 
             if round_costs is not None:
                 costs[spec.label] = round_costs
             predicted[spec.label] = report
-            print(f"{spec.label}: {asdict(cfg) if round_costs else report['chosen']}, auto expects "
-                  f"{report['expected_speedup']:.2f}x {vanilla_name(report)}", file=sys.stderr)
+            print(f"{spec.label}: {asdict(cfg) if round_costs else report.chosen}, auto expects "
+                  f"{report.expected_speedup:.2f}x {report.vanilla_label}", file=sys.stderr)
         elif spec.kind in ("static", "dynamic"):
             print(f"{spec.label}: fixed tree {cfg.total_tokens}/{cfg.depth}/{cfg.top_k}/{cfg.draft_vocab} "
                   "(total/depth/top_k/draft vocab)", file=sys.stderr)
@@ -205,7 +206,8 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
         summary = {**summarize(results, bench, greedy), "turns": args.turns, "greedy": greedy,
                    "skipped_records": bad, "resumed": resumed, "out": str(plan.out), "head": bench.head_source,
                    "head_sha": bench.pairs[default_dtype].head_sha, "threads": torch.get_num_threads(),
-                   "dataset": str(args.dataset), "budget": budget_report, "dtype": default_dtype,
+                   "dataset": str(args.dataset), "dtype": default_dtype,
+                   "budget": budget_report.to_json() if budget_report else None,
                    "configs": {s.label: bench.config_dict(s) for s in plan.specs}}
         write_outputs(plan, results, summary, summary["configs"])
     print_report(summary)

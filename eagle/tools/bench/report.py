@@ -17,7 +17,7 @@ from ...records.schema import check_object
 from ...records.stats import mean, speedup, tau, tokens_per_second
 from ...records.timing import STEP_PHASES, phase_seconds
 from ..budget.choice import expected_seconds
-from ..budget.costs import Costs
+from ..budget.report import AutoReport
 from .run import Bench, Plan, Result
 from .spec import BUDGET_FIELDS
 
@@ -27,7 +27,7 @@ def _rounds(results: list[Result]) -> list[int]:
     return [s.accept_length for r in results for s in r.steps if s.step > 0]
 
 
-def mode_stats(results: list[Result], report: dict | None = None) -> dict:
+def mode_stats(results: list[Result], report: AutoReport | None = None) -> dict:
     """Totals over generations, by eagle.records.stats: tokens/s is total tokens over total wall time (not a
     mean of ratios); tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per
     token, PLD fewer). With the auto `report` a tuned mode's budget came from, also what its cost
@@ -42,13 +42,13 @@ def mode_stats(results: list[Result], report: dict | None = None) -> dict:
     return {**stats, **_prediction(results, report)} if report and results else stats
 
 
-def _prediction(results: list[Result], report: dict) -> dict:
+def _prediction(results: list[Result], report: AutoReport) -> dict:
     rounds = [s for r in results for s in r.steps if s.step > 0]
     predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens)) for r in results)
-    c = report["chosen"]
-    round_s = Costs.from_json(report["costs"]).round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"])
+    c = report.chosen
+    round_s = report.costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"])
     return {"predicted_tokens_per_second": tokens_per_second(sum(len(r.tokens) for r in results), predicted_s),
-            "predicted_accept_length": report["expected_accept_length"], "predicted_round_ms": 1000 * round_s,
+            "predicted_accept_length": report.expected_accept_length, "predicted_round_ms": 1000 * round_s,
             "round_ms": 1000 * mean([sum(s.timings.values()) for s in rounds])}
 
 

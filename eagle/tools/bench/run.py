@@ -18,6 +18,7 @@ from ...core.detok import TextWindow, next_text, token_text
 from ...models.target import Target
 from ...records.questions import Question
 from ...records.trace import StepRecord, Trace, TraceHeader, append_trace
+from ..budget.report import AutoReport
 from ..session import Session
 from .spec import HF_MODES, PLD_TOKENS, ModeSpec, hf_config
 
@@ -83,7 +84,7 @@ class Bench:
     """The models (one pair per dtype), one runner per mode, and the trace header each generation gets."""
 
     def __init__(self, pairs: dict[str, Pair], default_dtype: str, configs: dict[str, DecodeConfig],
-                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, dict] | None = None) -> None:
+                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, AutoReport] | None = None) -> None:
         self.pairs, self.default_dtype, self.specs = pairs, default_dtype, specs
         self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
         self.predicted = predicted or {}  # label -> the auto report its budget came from (tuned modes)

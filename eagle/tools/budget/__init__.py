@@ -22,4 +22,5 @@ paper's shortcut, 1 + alpha * (sum of kept values) with alpha fitted on the same
 `method="value"` alternative.
 
 costs (the measured cost model, its cache and the host terms) -> replay (calibration rounds replayed
-for every budget) -> choice (the best budget, the cached auto report, tuned_config for a generation)."""
+for every budget) -> report (AutoReport, the typed answer, and its cached file) -> choice (the best
+budget, auto_config and tuned_config for a generation)."""

@@ -1,6 +1,6 @@
 """The budget with the most expected tokens per second: each budget's replayed accept length over its
-modelled round cost, the auto report that records the choice (cached per machine key, head weights and
-settings), its speed-ups against the fastest vanilla here, and tuned_config, what a generation runs with
+modelled round cost; auto_config, the choice cached per machine key, head weights and settings and
+restated against the fastest vanilla here (an AutoReport); tuned_config, what a generation runs with
 under --budget auto or adaptive.
 
     expected tokens/s (n, depth, top_k, vocab) = E[accept length] / (t_verify(n) + t_draft(depth, top_k, vocab)
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from pathlib import Path
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -22,12 +21,12 @@ from ...models.head import AnyHead
 from ...models.location import cache_dir
 from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
-from ...records.files import atomic_write_json, read_json_or_none
-from ...records.schema import FileFormatError, check_in, check_object, fail
+from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
-from .costs import BUDGET_KEYS, DEPTHS, NS, TOP_KS, VOCABS, Costs, check_costs, check_seconds, cost_key, cost_path, \
-    host_terms, measure_costs, measured_under_load, probe_t1
+from .costs import BUDGET_KEYS, DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
+    measured_under_load, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
+from .report import AutoReport, read_auto_report
 
 AUTO_REPORT_VERSION = 5  # bump when the report or the searched grid changes: cached reports are then recomputed
 
@@ -62,11 +61,11 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     return best["total_tokens"], best["depth"], best["top_k"], rows
 
 
-def expected_seconds(report: dict, prompt_tokens: int, new_tokens: int) -> float:
+def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int) -> float:
     """The cost model's wall time for one generation with the report's chosen budget: the prompt's
     prefill, then (new_tokens - 1) / E[accept length] rounds at the generation's mean context length."""
-    costs, c = Costs.from_json(report["costs"]), report["chosen"]
-    rounds = max(0, new_tokens - 1) / report["expected_accept_length"]
+    costs, c = report.costs, report.chosen
+    rounds = max(0, new_tokens - 1) / report.expected_accept_length
     round_s = costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
                                prompt_tokens + new_tokens // 2)
     return costs.t_prefill(prompt_tokens) + rounds * round_s
@@ -113,76 +112,30 @@ def _best_table(costs: Costs, model: AcceptModel, context: int | None) -> tuple[
     return max(choices, key=lambda t: t[0]["tokens_per_s"]), choices
 
 
-def choice_at_context(report: dict, context: int) -> dict:
+def choice_at_context(report: AutoReport, context: int) -> dict:
     """The best budget row at a context length, from a report's cached costs and replayed grid."""
-    table, _ = _best_table(Costs.from_json(report["costs"]), AcceptModel.from_json(report["accept_table"]), context)
+    table, _ = _best_table(report.costs, report.accept_table, context)
     return table[0]
 
 
 def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
                 vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
                 ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
-                refresh: bool = False) -> tuple[DecodeConfig, dict]:
+                refresh: bool = False) -> tuple[DecodeConfig, AutoReport]:
     """The budget with the most expected tokens/s on this machine: (config, report). The first call
     measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
     per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
     settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
     fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
-    report = None if refresh else read_auto_report(path, ns, top_ks, vocabs)
-    if report is not None and measured_under_load(report["t_verify"]["1"], probe_t1(target, head)):
-        report, refresh = None, True  # its costs were timed under load: measure and choose again
-    if report is None:
-        report = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
-        atomic_write_json(path, report, indent=1)
-    fastest = fastest_vanilla(target, report["t_plain"])
-    report = {**report, "auto_file": str(path), **against_fastest(report, fastest)}
-    return base_cfg.with_(**report["chosen"]), report
-
-
-REPORT_KINDS = {"curve": "list", "vanilla_tokens_per_s": "nonneg", "t_plain": "nonneg", "t_verify": "dict",
-                "alpha": "num", "chosen": "dict", "expected_tokens_per_s": "nonneg", "expected_speedup": "nonneg",
-                "expected_accept_length": "nonneg", "costs": "dict", "accept_table": "dict", "top": "list",
-                "by_context": "list", "best_per_vocab": "list"}
-ACCEPT_KINDS = {"ns": "ints", "depths": "ints", "top_ks": "ints", "vocabs": "ints", "grid": "dict"}
-
-
-def read_auto_report(path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
-                     vocabs: tuple[int, ...]) -> dict | None:
-    """A cached auto-budget report, or None (chosen again) when missing or malformed: its costs a cost
-    cache, its choice within the searched grid and on its curve, its accept table a grid per top_k/vocab."""
-    report = read_json_or_none(path)
-    if report is None:
-        return None
-    try:
-        check_object(report, path, "report", REPORT_KINDS)
-        t_verify = report["t_verify"]
-        check_seconds(t_verify, path, "field 't_verify'")
-        if "1" not in t_verify or t_verify["1"] <= 0 or report["t_plain"] <= 0:
-            fail(path, "field 't_verify' or 't_plain'", "lacks the one-token time")
-        check_costs(report["costs"], path, "field 'costs'")
-        _check_choice(report, path, ns, top_ks, vocabs)
-        check_object(report["accept_table"], path, "field 'accept_table'", ACCEPT_KINDS)
-        for shape, grid in report["accept_table"]["grid"].items():
-            if not re.fullmatch(r"[0-9]+/[0-9]+", shape) or not isinstance(grid, list):
-                fail(path, f"field 'accept_table' grid {shape!r:.40}", "is not a grid of a top_k/vocab")
-    except FileFormatError:
-        return None
-    return report
-
-
-def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
-                  vocabs: tuple[int, ...]) -> None:
-    chosen = check_object(report["chosen"], path, "field 'chosen'", {k: "nat" for k in BUDGET_KEYS})
-    check_in(chosen["total_tokens"], ns, path, "field 'chosen' total_tokens")
-    check_in(chosen["top_k"], top_ks, path, "field 'chosen' top_k")
-    check_in(chosen["draft_vocab"], vocabs, path, "field 'chosen' draft_vocab")
-    if chosen["depth"] > max(DEPTHS):  # depth 0 (the root's children only) is in the searched grid
-        fail(path, "field 'chosen' depth", f"is beyond the searched {max(DEPTHS)}")
-    for i, row in enumerate(report["curve"]):
-        check_object(row, path, f"field 'curve' [{i}]", {"total_tokens": "nat"})
-    if not any(row["total_tokens"] == chosen["total_tokens"] for row in report["curve"]):
-        fail(path, "field 'curve'", "lacks the chosen total_tokens")
+    cached = None if refresh else read_auto_report(path, ns, top_ks, vocabs)
+    if cached is not None and measured_under_load(cached["t_verify"]["1"], probe_t1(target, head)):
+        cached, refresh = None, True  # its costs were timed under load: measure and choose again
+    if cached is None:
+        cached = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
+        atomic_write_json(path, cached, indent=1)
+    report = AutoReport.from_cached(cached, fastest_vanilla(target, cached["t_plain"]), path)
+    return base_cfg.with_(**report.chosen), report
 
 
 def fastest_vanilla(target: Target, t1: float) -> dict:
@@ -202,37 +155,19 @@ def fastest_vanilla(target: Target, t1: float) -> dict:
     return {"dtype": best, "tokens_per_s": tokens_per_second(1, t1 * scale)}
 
 
-def vanilla_name(report: dict) -> str:
-    """What a report's expected_speedup is against, for a sentence: "vanilla bfloat16, the fastest here"."""
-    return f"vanilla {report['vanilla_dtype']}, the fastest here" if "vanilla_dtype" in report else "vanilla"
-
-
-def against_fastest(report: dict, fastest: dict) -> dict:
-    """The report's speed-ups restated against the fastest vanilla (the same-dtype ones kept beside):
-    expected_speedup and beats_vanilla are what the product shows."""
-    factor = report["vanilla_tokens_per_s"] / fastest["tokens_per_s"]
-    return {"vanilla_same_dtype_tokens_per_s": report["vanilla_tokens_per_s"],
-            "vanilla_tokens_per_s": fastest["tokens_per_s"], "vanilla_dtype": fastest["dtype"],
-            "expected_speedup_same_dtype": report["expected_speedup"],
-            "expected_speedup": report["expected_speedup"] * factor,
-            "beats_vanilla": report["expected_speedup"] * factor > 1.0, "same_dtype_factor": factor,
-            "by_context": [{**r, "speedup": r["speedup"] * factor} for r in report.get("by_context", [])]}
-
-
-def adaptive_costs(report: dict) -> RoundCosts:
+def adaptive_costs(report: AutoReport) -> RoundCosts:
     """The per-round size model for the auto report's draft shape: verify costs by size (and by
     context length when measured at several), the shape's drafting cost, and the value calibration."""
-    curve = report["curve"]
-    measured = {int(n): t for n, t in report["t_verify"].items()}
-    best = next(r for r in curve if r["total_tokens"] == report["chosen"]["total_tokens"])
+    curve = report.curve
+    measured = {int(n): t for n, t in report.t_verify.items()}
+    best = next(r for r in curve if r["total_tokens"] == report.chosen["total_tokens"])
     fixed = max(0.0, best["round_s"] - measured[best["total_tokens"]])
-    by_context = Costs.from_json(report["costs"]).verify_by_context if "costs" in report else None
-    return RoundCosts.interpolate(measured, fixed, report["alpha"], max(r["total_tokens"] for r in curve),
-                                  by_context)
+    return RoundCosts.interpolate(measured, fixed, report.alpha, max(r["total_tokens"] for r in curve),
+                                  report.costs.verify_by_context)
 
 
 def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: str,
-                 context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict]:
+                 context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport]:
     """base_cfg with the auto budget (budget "auto"), or with auto's draft shape and an adaptive tree
     size ("adaptive": total_tokens becomes the cap, the largest size the shape can fill, and the
     returned round costs let each round pick its own size up to it, at that round's context length).
@@ -240,11 +175,11 @@ def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: 
     costs measured at several lengths). Also returns the auto report."""
     cfg, report = auto_config(target, head, base_cfg)
     if budget == "auto":
-        if context is not None and "costs" in report:
+        if context is not None:
             row = choice_at_context(report, context)
-            choice = {**{k: row[k] for k in BUDGET_KEYS}, "speedup": row["speedup"] * report["same_dtype_factor"],
+            choice = {**{k: row[k] for k in BUDGET_KEYS}, "speedup": row["speedup"] * report.same_dtype_factor,
                       "speedup_same_dtype": row["speedup"]}
-            report = {**report, "context": context, "context_choice": choice}
+            report = replace(report, context=context, context_choice=choice)
             cfg = cfg.with_(**{k: row[k] for k in BUDGET_KEYS})
         return cfg, None, report
     costs = adaptive_costs(report)
