@@ -54,7 +54,7 @@ def _widget(make: Callable, key: str, default, *args, **kwargs):
     return value
 
 
-def settings_form(prefix: str, modes: bool = True, auto: Callable[[], dict] | None = None,
+def settings_form(prefix: str, modes: bool = True, auto: Callable[[], AutoReport] | None = None,
                   limits: ModelLimits | None = None) -> tuple[DecodeConfig | None, str | None]:
     """Sidebar widgets (keys prefixed per page) -> (config, None) or (None, error sentence).
     `auto` returns the auto-budget report; with it the tree budget defaults to the machine-tuned one.
