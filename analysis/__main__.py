@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from eagle.checks import ArgumentParser, check_ranges
-from eagle.files import atomic_write, run_guarded
+from eagle.tools.checks import ArgumentParser, check_ranges
+from eagle.records.files import atomic_write, run_guarded
 
 from .ablation import ablation_figure, ablation_frame, ablation_markdown, load_ablation
 from .export import check_formats, load_traces, write_figures, write_tables

@@ -10,8 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from eagle.files import read_json_object
-from eagle.markdown import markdown_table
+from eagle.records.files import read_json_object
+from eagle.records.markdown import markdown_table
 
 from .figures import PALETTE, paper_layout
 

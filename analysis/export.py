@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from eagle.files import WriteError, atomic_write, error_sentence
-from eagle.markdown import markdown_table
-from eagle.trace import Trace, TraceFormatError, read_trace
+from eagle.records.files import WriteError, atomic_write, error_sentence
+from eagle.records.markdown import markdown_table
+from eagle.records.trace import Trace, TraceFormatError, read_trace
 
 # Kaleido 1.x drives a Chrome-family browser; these are the names Debian/Ubuntu/Chrome install.
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -127,7 +127,7 @@ def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[st
     browser = find_browser()
     if browser is None:
         return _write_html(figs, out, f"no browser found: {INSTALL_HINT}; wrote HTML instead")
-    # kaleido writes each image itself: to a temporary name, renamed once the batch is through (eagle.files'
+    # kaleido writes each image itself: to a temporary name, renamed once the batch is through (eagle.records.files'
     # rule: no half-written figure under the real name)
     jobs = [_job(name, fig, fmt, out, scale, paper) for name, fig in figs.items() for fmt in formats]
     for job in jobs:  # a stale file from an earlier run must not pass for a fresh one
@@ -211,7 +211,7 @@ def _cell(value: object, floatfmt: str) -> str:
 
 
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
-    """A GitHub-flavoured Markdown table (eagle.markdown; pandas' own needs `tabulate`, not installed)."""
+    """A GitHub-flavoured Markdown table (eagle.records.markdown; pandas' own needs `tabulate`, not installed)."""
     rows = ([_cell(v, floatfmt) for v in row] for row in frame.itertuples(index=False))
     right = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
     return markdown_table([str(c) for c in frame.columns], rows, right) + "\n"
@@ -222,7 +222,7 @@ def write_tables(tables: dict[str, pd.DataFrame], out: str | Path, markdown: boo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, frame in tables.items():  # atomically (eagle.files): a full disk leaves no empty CSV
+    for name, frame in tables.items():  # atomically (eagle.records.files): a full disk leaves no empty CSV
         atomic_write(out / f"{name}.csv", frame.to_csv(index=False))
         written.append(out / f"{name}.csv")
         if markdown:

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
-from eagle.trace import NodeRecord, StepRecord
+from eagle.records.trace import NodeRecord, StepRecord
 
 from .labels import Geometry, place_labels, text_px, visible_text
 from .tables import (
@@ -474,7 +474,8 @@ def _legend_entries(parts: TreeParts) -> list[go.Scatter]:
 def budget_figure(report: dict) -> go.Figure:
     """Why `--budget auto` chose its tree: for the chosen depth/top_k/vocabulary, expected tokens per
     round (tau) and the measured round cost against the tree size (top), and their ratio, expected
-    tokens/s, against vanilla decoding (bottom). `report` is eagle.tools.budget.auto_config's report."""
+    tokens/s, against vanilla decoding (bottom). `report` is an auto report in its JSON form
+    (eagle.tools.budget.report.AutoReport.to_json, as `budget --json` prints and bench's summary.json holds it)."""
     title = "Auto budget: expected τ against measured cost"
     curve = pd.DataFrame(report.get("curve", []))
     if curve.empty:

@@ -13,7 +13,7 @@ import html
 import unicodedata
 from dataclasses import dataclass
 
-from eagle.trace import NodeRecord
+from eagle.records.trace import NodeRecord
 
 EM_NARROW, EM_WIDE = 0.62, 1.05  # average advance per character, in font sizes (bold digits included)
 LINE = 1.2  # labels of one level need this many font sizes between their centres

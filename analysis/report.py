@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from eagle.trace import StepRecord, Trace
+from eagle.records.trace import StepRecord, Trace
 
 from . import figures as F
 from . import tables as T

@@ -15,8 +15,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from eagle.stats import mean, speedup, tau, tokens_per_second, wilson_interval
-from eagle.config import MODES
+from eagle.records.stats import mean, speedup, tau, tokens_per_second, wilson_interval
+from eagle.core.config import MODES
 # The record -> row tables live in eagle.frames (so eagle.explore can return them); re-exported here.
 from eagle.frames import (  # noqa: F401
     NODE_COLUMNS,
@@ -194,7 +194,7 @@ def trace_seconds(traces: TraceLike) -> pd.Series:
 def compare_modes(traces: TraceLike) -> pd.DataFrame:
     """Per mode: tau = new tokens / target forwards (the prefill counts as one of each), mean
     accept_length and tree size per round, tokens/s (total tokens over the generations' total wall
-    seconds, eagle.stats), the draft's share of that time, and the speed-up over vanilla when
+    seconds, eagle.records.stats), the draft's share of that time, and the speed-up over vanilla when
     vanilla traces are present."""
     return mode_summary(steps_frame(traces), trace_seconds(traces))
 

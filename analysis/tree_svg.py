@@ -12,7 +12,7 @@ import html
 
 from plotly.colors import sample_colorscale
 
-from eagle.trace import StepRecord
+from eagle.records.trace import StepRecord
 
 from .figures import ACCEPT_COLOR, CONF_SCALE, TreeParts, tree_parts
 from .labels import GAP, Geometry, place_labels

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle.schema import FileFormatError
-from eagle.tools.bench import read_summary
+from eagle.records.schema import FileFormatError
+from eagle.tools.bench.report import read_summary
 
 # Where `eagle bench` writes by default: runs/bench under the working directory (the checkout for
 # `make app`), not beside this file, which an installed wheel puts in site-packages.

@@ -13,11 +13,11 @@ import streamlit as st
 
 from analysis.export import INSTALL_HINT, PAPER_WIDTHS, PaperSize, find_browser, write_figures
 from analysis.tables import nodes_frame
-from eagle.trace import Trace, write_trace
+from eagle.records.trace import Trace, write_trace
 
 
 def traces_jsonl(traces: list[Trace]) -> bytes:
-    """The traces in the project's JSONL format, written by eagle.trace itself."""
+    """The traces in the project's JSONL format, written by eagle.records.trace itself."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "traces.jsonl"
         write_trace(path, traces)

@@ -5,9 +5,9 @@ several processes).
 Layout, under the user's cache directory (EAGLE_CACHE, as the models' cache; EAGLE_HISTORY names
 another database file, e.g. for a shared lab store):
     history/runs.sqlite3        one row per run: id, name, when, prompt, mode, model, settings, tokens, tau
-    history/traces/<id>.jsonl   the run's trace, as `generate --trace` writes it (eagle.trace)
+    history/traces/<id>.jsonl   the run's trace, as `generate --trace` writes it (eagle.records.trace)
 
-Two tabs and two servers write it at once: a trace file is written atomically (eagle.files.atomic_write)
+Two tabs and two servers write it at once: a trace file is written atomically (eagle.records.files.atomic_write)
 before its row is committed, so a row never points at a half-written file; the rows change inside
 SQLite transactions (WAL journal, a busy timeout instead of "database is locked"), and one advisory
 lock file serialises a row with its file (add, delete), so a delete never races an add of the same run."""
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from eagle.files import exclusive_lock
-from eagle.stats import tau
-from eagle.target import cache_dir
-from eagle.trace import Trace, read_trace, write_trace
+from eagle.records.files import exclusive_lock
+from eagle.records.stats import tau
+from eagle.models.location import cache_dir
+from eagle.records.trace import Trace, read_trace, write_trace
 
 ENV = "EAGLE_HISTORY"
 BUSY_MS = 30_000  # how long a writer waits for another's transaction before giving up

@@ -20,9 +20,10 @@ import streamlit as st
 
 from analysis.figures import tree_figure
 from analysis.tree_svg import CSS_CLASS, tree_svg
-from eagle.config import DecodeConfig
-from eagle.decode import PromptError, encode_prompt
-from eagle.trace import Trace
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import PromptError, encode_prompt
+from eagle.records.trace import Trace
+from eagle.tools.budget.report import AutoReport
 
 from . import exports, render, runner, state
 from .persist import save, saved, seed
@@ -78,7 +79,8 @@ def needs_run(trace: Trace | None, prompt: str | list[dict], cfg: DecodeConfig, 
     return trace is None or asked != runner.request_key(prompt, cfg, budget) or not runner.is_complete(trace)
 
 
-def long_prompt_ok(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig, report: Callable[[], dict]) -> bool:
+def long_prompt_ok(models: state.Models, prompt: str | list[dict], cfg: DecodeConfig,
+                   report: Callable[[], AutoReport]) -> bool:
     """Short prompts run at once; a long one first shows its size and an estimated time, and runs
     when the user says so. Unencodable prompts pass: generate() reports them in one sentence."""
     try:
@@ -96,12 +98,12 @@ def long_prompt_ok(models: state.Models, prompt: str | list[dict], cfg: DecodeCo
     return False
 
 
-def estimate_seconds(prompt_tokens: int, cfg: DecodeConfig, report: dict | None) -> float:
+def estimate_seconds(prompt_tokens: int, cfg: DecodeConfig, report: AutoReport | None) -> float:
     """Prefill at the measured 64-token verify throughput plus the answer at plain-decoding speed:
     a lower bound (attention over a long context is not in the measured costs)."""
     if not report:
         return math.nan
-    t_verify = {int(n): t for n, t in report["t_verify"].items()}
+    t_verify = {int(n): t for n, t in report.t_verify.items()}
     widest = max(t_verify)
     return prompt_tokens * t_verify[widest] / widest + cfg.max_new_tokens * t_verify[1]
 

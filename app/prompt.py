@@ -1,6 +1,6 @@
 """The pages' prompts: on the Live page the one-line box that generates as you type
 (app.live.prompt_box) or the multi-line editor, an optional system prompt and a multi-turn chat, every
-turn through the model's chat template (eagle.decode.encode_prompt takes the list of messages); the
+turn through the model's chat template (eagle.core.decode.encode_prompt takes the list of messages); the
 Compare page's prompt is the same multi-line editor (`multiline`).
 
 The multi-line editor (app.textarea) sends its text a pause after the last key, as the one-line box
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from eagle.trace import Trace
+from eagle.records.trace import Trace
 
 from . import live, runner, textarea
 from .persist import save, saved, seed

@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from analysis.figures import best_round, tree_figure
-from eagle.stats import tokens_per_second
-from eagle.trace import StepRecord, Trace
+from eagle.records.stats import tokens_per_second
+from eagle.records.trace import StepRecord, Trace
 
 from .persist import save, seed
 from .runner import generation

@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, Generation
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, Generation
 from eagle.tools.session import Session
-from eagle.trace import StepRecord, Trace
+from eagle.records.trace import StepRecord, Trace
 
 from . import worker
 from .state import Models
@@ -140,7 +140,7 @@ def prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig, on_wait: On
 
 
 def _prompt_lookup(models: Models, ids: list[int], cfg: DecodeConfig) -> dict:
-    from eagle.tools.bench import HFRunner  # deferred: the bench module pulls in its datasets
+    from eagle.tools.bench.run import HFRunner  # deferred: the bench module pulls in its datasets
     t0 = time.perf_counter()
     tokens, forwards, _ = HFRunner(models.target, cfg, "hf_pld")(ids)
     return {"mode": "hf_pld", "new_tokens": len(tokens), "target_forwards": forwards,

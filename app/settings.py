@@ -10,8 +10,8 @@ from typing import Callable
 
 import streamlit as st
 
-from eagle.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
-from eagle.tools.budget import vanilla_name
+from eagle.core.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
+from eagle.tools.budget.report import AutoReport
 
 from . import benchmarks
 from .persist import put, save, seed
@@ -54,7 +54,7 @@ def _widget(make: Callable, key: str, default, *args, **kwargs):
     return value
 
 
-def settings_form(prefix: str, modes: bool = True, auto: Callable[[], dict] | None = None,
+def settings_form(prefix: str, modes: bool = True, auto: Callable[[], AutoReport] | None = None,
                   limits: ModelLimits | None = None) -> tuple[DecodeConfig | None, str | None]:
     """Sidebar widgets (keys prefixed per page) -> (config, None) or (None, error sentence).
     `auto` returns the auto-budget report; with it the tree budget defaults to the machine-tuned one.
@@ -81,9 +81,9 @@ def settings_form(prefix: str, modes: bool = True, auto: Callable[[], dict] | No
                           "candidates as pay for themselves")
     if budget in ("auto", "adaptive"):
         report = auto()
-        st.session_state[f"{prefix}_auto_chosen"] = report["chosen"]
+        st.session_state[f"{prefix}_auto_chosen"] = report.chosen
         show_expectation(report)
-        return build_config(mode, limits, **values, **report["chosen"])
+        return build_config(mode, limits, **values, **report.chosen)
     return build_config(mode, limits, **values, **tree_inputs(prefix, limits))
 
 
@@ -100,11 +100,11 @@ def _start_manual_from_auto(prefix: str) -> None:
             put(f"{prefix}_{name}", int(chosen[name]))
 
 
-def show_expectation(report: dict) -> None:
+def show_expectation(report: AutoReport) -> None:
     """auto's expected speed-up, with the benchmark's measured one beside it when a run exists."""
     measured = benchmarks.measured_auto_speedup()
-    text = (f"Expected {report['expected_speedup']:.2f}x {vanilla_name(report)}, "
-            f"τ {report['expected_accept_length']:.2f} "
+    text = (f"Expected {report.expected_speedup:.2f}x {report.vanilla_label}, "
+            f"τ {report.expected_accept_length:.2f} "
             "(auto's cost model).")
     if measured is None:
         text += " Not benchmarked on this machine yet: `python -m eagle bench --modes vanilla,dynamic:auto`."

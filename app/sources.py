@@ -1,5 +1,5 @@
 """Where the analysis pages get traces: this session, a path typed in, or an uploaded JSONL file.
-Corrupt lines are skipped by eagle.trace.read_trace; the page says how many, and never crashes."""
+Corrupt lines are skipped by eagle.records.trace.read_trace; the page says how many, and never crashes."""
 from __future__ import annotations
 
 import tempfile
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.schema import FileFormatError
-from eagle.trace import Trace, read_trace
+from eagle.records.schema import FileFormatError
+from eagle.records.trace import Trace, read_trace
 
 from . import state
 from .persist import save, seed

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.config import DecodeConfig, ModelLimits
-from eagle.head import AnyHead, head_identity, resolve_head
-from eagle.tools.budget import auto_config
-from eagle.target import DEFAULT_MODEL, DTYPE_CHOICES, ModelLoadError, Target, dtype_name, load_target
-from eagle.trace import Trace
+from eagle.core.config import DecodeConfig, ModelLimits
+from eagle.models.head import AnyHead
+from eagle.models.headio import head_identity, resolve_head
+from eagle.tools.budget.choice import auto_config
+from eagle.tools.budget.report import AutoReport
+from eagle.models.loader import load_target
+from eagle.models.location import DEFAULT_MODEL, ModelLoadError
+from eagle.models.precision import DTYPE_CHOICES, dtype_name
+from eagle.models.target import Target
+from eagle.records.trace import Trace
 
 from . import history, worker
 from .persist import save, seed
@@ -130,7 +135,7 @@ def get_models(dtype: str | None = None) -> Models:
 
 
 @st.cache_resource(show_spinner=False)
-def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
+def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> AutoReport:
     """The auto-budget report for the loaded pair (eagle.tools.budget caches it on disk per machine and
     dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
     with _models.lock:
@@ -138,7 +143,7 @@ def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> dict:
                            refresh=refresh_count > 0)[1]
 
 
-def auto_budget(models: Models, refresh: bool = False) -> dict:
+def auto_budget(models: Models, refresh: bool = False) -> AutoReport:
     """The chosen budget and the curve behind it; `refresh` measures this machine again."""
     spec = model_spec(st.session_state.get(DTYPE_KEY, "auto"))
     if refresh:
@@ -147,7 +152,7 @@ def auto_budget(models: Models, refresh: bool = False) -> dict:
         st.write("The first time ever, this measures the verify and draft costs and calibrates on three "
                  "prompts (about a minute); afterwards it is read from the cache.")
         report = _auto_budget(spec, _BUDGET_REFRESHES.get(spec, 0), models)
-        box.update(label=f"Tree budget: {budget_label(report['chosen'])}", state="complete")
+        box.update(label=f"Tree budget: {budget_label(report.chosen)}", state="complete")
     return report
 
 

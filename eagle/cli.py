@@ -1,7 +1,7 @@
 """Command line: `python -m eagle generate|bench|prepare|train|app ...` (installed: `eagle2-explorer ...`).
 argparse lives only here.
 
-Every command runs inside `eagle.files.run_guarded`: a bad input is one sentence and exit code 2.
+Every command runs inside `eagle.records.files.run_guarded`: a bad input is one sentence and exit code 2.
 The checks that need no model (flags, paths, argv and stdin encoding) run before one loads."""
 from __future__ import annotations
 
@@ -14,22 +14,25 @@ from pathlib import Path
 
 import torch
 
-from .checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
-from .config import MODES, DecodeConfig
-from .decode import PromptError, encode_prompt, generate
-from .files import atomic_write_json, run_guarded
-from .loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
+from .tools.checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
+from .core.config import MODES, DecodeConfig
+from .core.decode import PromptError, encode_prompt, generate
+from .records.files import atomic_write_json, run_guarded
+from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
     load_pair, model_spec
-from .questions import load_questions
-from .target import DEFAULT_MODEL, device_name, dtype_name
-from .tools.bench import main as bench_main
-from .layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget import BUDGET_KEYS, auto_config, vanilla_name
+from .records.questions import load_questions
+from .models.location import DEFAULT_MODEL
+from .models.precision import device_name, dtype_name
+from .tools.bench.command import main as bench_main
+from .models.layouts import CONVENTIONS, FORMATS, LABELS
+from .tools.budget.choice import auto_config
+from .tools.budget.costs import BUDGET_KEYS
+from .tools.budget.report import AutoReport
 from .tools.headexport import export_head
 from .tools.session import Session
 from .tools.profile import format_profiles, model_label, profile_rounds, tiny_llama
 from .tools.tokenmap import export_token_map
-from .trace import Trace, append_trace, mark_interrupted
+from .records.trace import Trace, append_trace, mark_interrupted
 from .training.commands import main as training_main
 
 DELEGATED = ("bench", "prepare", "train", "evaluate", "distill", "ablation")
@@ -88,7 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             append_trace(args.trace, mark_interrupted(Trace(header, steps)))
         raise
     if args.trace:  # the whole generation in one locked append: concurrent runs never interleave
-        header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
+        header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.records.stats)
         append_trace(args.trace, Trace(header, steps))
     _print_result(args, target, cfg, result, source)
     return 0
@@ -109,11 +112,11 @@ def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, s
               file=sys.stderr)
 
 
-def _budget_line(budget: str, report: dict) -> str:
-    chosen = report.get("context_choice") or {**report["chosen"], "speedup": report["expected_speedup"]}
-    where = f" for a {report['context']}-token context" if "context" in report else ""
+def _budget_line(budget: str, report: AutoReport) -> str:
+    chosen = report.context_choice or {**report.chosen, "speedup": report.expected_speedup}
+    where = f" for a {report.context}-token context" if report.context is not None else ""
     shape = {k: chosen[k] for k in BUDGET_KEYS}
-    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {vanilla_name(report)}; "
+    return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {report.vanilla_label}; "
             "--budget fixed for the flags' values)")
 
 
@@ -122,30 +125,29 @@ def cmd_budget(args: argparse.Namespace) -> int:
     check_runtime_args(args)
     target, head, _ = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
-    report = {**report, "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}))
         return 0
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
     print(f"dtype: {dtype_name(target.dtype)} ({why})")
-    print(f"chosen: {report['chosen']}  expected tau {report['expected_accept_length']:.2f}, "
-          f"{report['expected_speedup']:.2f}x {vanilla_name(report)} ({report['vanilla_tokens_per_s']:.1f} tok/s; "
-          f"{report['expected_speedup_same_dtype']:.2f}x vanilla {dtype_name(target.dtype)})")
+    print(f"chosen: {report.chosen}  expected tau {report.expected_accept_length:.2f}, "
+          f"{report.expected_speedup:.2f}x {report.vanilla_label} ({report.vanilla_tokens_per_s:.1f} tok/s; "
+          f"{report.expected_speedup_same_dtype:.2f}x vanilla {dtype_name(target.dtype)})")
     print("tree size  expected tau  round ms  expected tok/s")
-    for r in report["curve"]:
+    for r in report.curve:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
               f"{r['tokens_per_s']:14.1f}")
-    for row in report.get("by_context", []):
+    for row in report.by_context:
         shape = "/".join(str(row[k]) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
         print(f"at a {row['context']:4d}-token context: {shape} (total/depth/top_k/vocab), "
-              f"expected {row['speedup']:.2f}x {vanilla_name(report)}")
-    print(f"report: {report['auto_file']}")
+              f"expected {row['speedup']:.2f}x {report.vanilla_label}")
+    print(f"report: {report.auto_file}")
     return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Each phase of a round, on the model and on a tiny random Llama: where the overhead goes."""
-    settings, cfg = check_generate_args(args)  # --prompts too (eagle.checks.FLAG_RANGES)
+    settings, cfg = check_generate_args(args)  # --prompts too (eagle.tools.checks.FLAG_RANGES)
     if args.preset == "vanilla" or (args.total_tokens is not None and args.total_tokens < 2):
         flag = "--preset vanilla" if args.preset == "vanilla" else f"--total-tokens {args.total_tokens}"
         raise ValueError(f"{flag}: profile times the phases of a draft tree's round and this verifies one token "

@@ -3,7 +3,7 @@
 importing analysis (imports flow app -> analysis -> eagle); analysis re-exports them and builds its
 summaries on top. Nothing else in eagle imports this module, so `import eagle` stays pandas-free.
 
-Every function taking traces accepts a Trace, a Generation (eagle.decode), anything with a `.trace`
+Every function taking traces accepts a Trace, a Generation (eagle.core.decode), anything with a `.trace`
 (eagle.explore's Exploration) or a list of those.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Iterable, Union
 import numpy as np
 import pandas as pd
 
-from .decode import Generation
-from .timing import STEP_PHASES, phase_seconds
-from .trace import NodeRecord, StepRecord, Trace, TraceHeader
+from .core.decode import Generation
+from .records.timing import STEP_PHASES, phase_seconds
+from .records.trace import NodeRecord, StepRecord, Trace, TraceHeader
 
 TraceLike = Union[Trace, Generation, Iterable]  # Iterable of any of these, or an object with .trace
 

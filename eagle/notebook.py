@@ -1,7 +1,7 @@
 """The notebook API: `from eagle import explore; r = explore("prompt", mode="dynamic", max_new_tokens=64)`.
 
 Settings are the `generate` command's flags by keyword (max_new_tokens=, total_tokens=, budget=, head=, ...),
-typed as eagle.loading.DecodeSettings and checked by the same validate() the CLI runs, before anything
+typed as eagle.tools.loading.DecodeSettings and checked by the same validate() the CLI runs, before anything
 loads: a bad one (wrong type, out of range, a pair that cannot run) is one SettingError naming it.
 An Explorer loads each model pair once and reuses it; `explore()` uses one default Explorer, made on first
 use. (This module is not named explore.py: importing it would shadow the function `eagle.explore`.)
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .loading import DecodeSettings, ModelSpec, budget_mode, load_pair, model_spec
-from .config import DecodeConfig, SettingError
-from .decode import Generation, PromptError, generate
-from .target import ModelLoadError
+from .tools.loading import DecodeSettings, ModelSpec, budget_mode, load_pair, model_spec
+from .core.config import DecodeConfig, SettingError
+from .core.decode import Generation, PromptError, generate
+from .models.location import ModelLoadError
 from .frames import nodes_frame, steps_frame
 from .tools.session import Session
-from .trace import Trace
+from .records.trace import Trace
 
 
 
@@ -36,12 +36,12 @@ class Exploration:
 
     @property
     def tau(self) -> float:
-        """New tokens per target forward, prefill included (eagle.stats)."""
+        """New tokens per target forward, prefill included (eagle.records.stats)."""
         return self.generation.tau
 
     @property
     def tokens_per_second(self) -> float:
-        """New tokens over the generation's wall-clock seconds (eagle.stats)."""
+        """New tokens over the generation's wall-clock seconds (eagle.records.stats)."""
         return self.generation.tokens_per_second
 
     def nodes(self) -> pd.DataFrame:
@@ -103,7 +103,7 @@ class Explorer:
         budget = budget_mode(settings, cfg.mode, session.target.device.type)
         run = session.prepare(prompt, cfg, budget)  # run.header.meta["note"] says when auto fell back to vanilla
         result = generate(run.decoder, run.ids)
-        run.header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.stats)
+        run.header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.records.stats)
         text = session.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         return Exploration(text, result, Trace(run.header, result.steps), run.config, session.head_source)
 

@@ -17,8 +17,9 @@ from typing import Callable
 
 import torch
 
-from eagle.markdown import markdown_table
-from eagle.target import Target, load_target
+from eagle.records.markdown import markdown_table
+from eagle.models.loader import load_target
+from eagle.models.target import Target
 from eagle.training.data import _render_ids, read_sharegpt
 from eagle.training.distill import DistillConfig, first_exchange, generate_batch
 from eagle.training.features import Sequence, extract_features

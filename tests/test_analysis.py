@@ -16,7 +16,7 @@ from analysis import tables as T
 from analysis.__main__ import main
 from analysis.export import find_browser, load_traces, to_markdown
 from analysis.report import build_figures, build_tables
-from eagle.trace import NodeRecord, StepRecord, Trace, TraceHeader, write_trace
+from eagle.records.trace import NodeRecord, StepRecord, Trace, TraceHeader, write_trace
 
 
 # ---- synthetic traces -----------------------------------------------------------------------------
@@ -489,7 +489,7 @@ def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) ->
 def test_calibration_has_wilson_intervals_and_a_minimum_count() -> None:
     """Bin [0.2, 0.3): 12 nodes, 3 accepted; bin [0.7, 0.8): 4 nodes, 4 accepted. With min_count 5 the
     small bin stays in the table (marked) but leaves the ECE and the curve."""
-    from eagle.stats import wilson_interval
+    from eagle.records.stats import wilson_interval
     quarter = [step(i + 1, [root(), *[node(j + 1, 0, 1, 0.25, rank=j, accepted=j == 0) for j in range(4)]])
                for i in range(3)]
     threes = [step(i + 10, [root(), node(1, 0, 1, 0.75, accepted=True)]) for i in range(4)]

@@ -16,9 +16,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import runner
-from eagle.config import DecodeConfig
-from eagle.target import DEFAULT_MODEL
-from eagle.trace import read_trace, write_trace
+from eagle.core.config import DecodeConfig
+from eagle.models.location import DEFAULT_MODEL
+from eagle.records.trace import read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 APP, PAGES = ROOT / "app" / "main.py", ROOT / "app" / "pages"
@@ -252,7 +252,7 @@ def test_auto_budget_drives_the_live_config(live):
     radio = live.sidebar.radio(key="live_budget")
     radio.set_value("auto").run()
     _no_trouble(live)
-    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto"))["chosen"]
+    chosen = state.auto_budget(state._load_models(DEFAULT_MODEL, "auto", "auto")).chosen
     config = live.session_state["live_run"].header.config
     assert {k: config[k] for k in chosen} == chosen
     live.sidebar.radio(key="live_budget").set_value("adaptive").run()  # auto's shape, sized every round
@@ -402,8 +402,8 @@ def test_compare_empty_prompt_is_an_error():
 def test_runner_stop_and_lock(traces):
     """on_step returning True stops cleanly; a held lock makes the run wait (calling on_wait)."""
     from app import runner, state
-    from eagle.config import DecodeConfig
-    from eagle.target import DEFAULT_MODEL
+    from eagle.core.config import DecodeConfig
+    from eagle.models.location import DEFAULT_MODEL
     models = state._load_models(DEFAULT_MODEL, "auto", "auto")  # the AppTests' cached pair
     decoder, ids, trace = runner.prepare(models, "Count to ten.", DecodeConfig(**SMALL))
     waits = []

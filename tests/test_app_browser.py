@@ -42,7 +42,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from eagle.trace import read_trace  # noqa: E402
+from eagle.records.trace import read_trace  # noqa: E402
 
 
 def go_to(drv, title: str) -> None:

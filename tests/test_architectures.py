@@ -3,11 +3,12 @@ model, sliding windows included, or is refused before its weights load in one se
 import pytest
 import torch
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.head import new_head
-from eagle.target import ModelLoadError, load_target
-from eagle.tree import build_tree
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.models.head import new_head
+from eagle.models.loader import load_target
+from eagle.models.location import ModelLoadError
+from eagle.core.tree import build_tree
 from tests.tiny import FAMILIES, WINDOW, family_config, family_target
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]  # longer than WINDOW: every sliding layer already cuts the prefix

@@ -1,11 +1,11 @@
-"""Every numeric flag of prepare, distill, train and evaluate is range-checked once (eagle.checks.FLAG_RANGES),
+"""Every numeric flag of prepare, distill, train and evaluate is range-checked once (eagle.tools.checks.FLAG_RANGES),
 before a model loads or anything is written: one `error:` sentence naming the flag, exit code 2."""
 import argparse
 
 import pytest
 
 from eagle import cli
-from eagle.checks import FLAG_RANGES, check_ranges
+from eagle.tools.checks import FLAG_RANGES, check_ranges
 from eagle.training.commands import build_parser
 
 # Outputs of each command inside the test's directory, so "nothing written" is one listing of it.
@@ -243,7 +243,7 @@ FREE_TEXT = {("export-head", "--verifier")}
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     import analysis.__main__ as analysis_main
-    from eagle.tools.bench import build_parser as bench_parser
+    from eagle.tools.bench.command import build_parser as bench_parser
 
     def subcommands(parser):
         return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -357,7 +357,7 @@ def test_every_notebook_keyword_with_a_bad_value_is_our_one_exception(prompt, ke
 
 
 def test_the_notebook_table_covers_every_keyword():
-    from eagle.loading import FLOAT_SETTINGS, INT_SETTINGS, DecodeSettings
+    from eagle.tools.loading import FLOAT_SETTINGS, INT_SETTINGS, DecodeSettings
     bad = {k: [kw[k] for _, kw, _ in NOTEBOOK_CASES if k in kw] for k in DecodeSettings.names()}
     for name, values in bad.items():
         assert values, name
@@ -369,8 +369,8 @@ def test_the_notebook_table_covers_every_keyword():
 
 def test_cli_and_notebook_share_one_validation():
     """The same bad value gives the same sentence, spelled as a flag or as a keyword."""
-    from eagle.config import SettingError
-    from eagle.loading import DecodeSettings, flag_name
+    from eagle.core.config import SettingError
+    from eagle.tools.loading import DecodeSettings, flag_name
     args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--total-tokens", "0"])
     with pytest.raises(SettingError) as from_flags:
         DecodeSettings.from_args(args).validate(flag_name)

@@ -5,9 +5,10 @@ import json
 import pandas as pd
 import pytest
 
-from eagle.tools.bench import main, parse_modes
-from eagle.questions import load_questions, select_questions
-from eagle.trace import read_trace
+from eagle.tools.bench.command import main
+from eagle.tools.bench.spec import parse_modes
+from eagle.records.questions import load_questions, select_questions
+from eagle.records.trace import read_trace
 
 MODES = "vanilla,dynamic,hf,hf_pld"
 BUDGET = ["--total-tokens", "8", "--depth", "3", "--top-k", "4"]
@@ -133,16 +134,16 @@ def test_mode_specs():
 def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
-    from eagle.tools import budget
-    from eagle.config import DecodeConfig
+    from eagle.tools.budget import choice as budget_choice, costs as budget_costs
+    from eagle.core.config import DecodeConfig
+    from tests.tiny import fixed_auto_report
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
     curve = [dict(chosen, total_tokens=n, round_s=0.05 + 0.004 * n, accept_length=1.2, tokens_per_s=1.0)
              for n in (2, 4, 8)]
     t_verify = {1: 0.04, 2: 0.045, 4: 0.05, 8: 0.07}
-    costs = budget.Costs("k", t_verify, {"3/0": (0.01, 0.005)}, 0.002, prefill={32: 0.1, 192: 0.3}, host_tree=0.001)
-    report = dict(chosen=chosen, curve=curve, t_verify={str(n): t for n, t in t_verify.items()}, costs=costs.to_json(),
-                  alpha=1.0, expected_speedup=1.1, expected_tokens_per_s=3.0, expected_accept_length=1.5)
-    monkeypatch.setattr(budget, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
+    costs = budget_costs.Costs("k", t_verify, {"3/0": (0.01, 0.005)}, 0.002, prefill={32: 0.1, 192: 0.3}, host_tree=0.001)
+    report = fixed_auto_report(chosen, costs, curve, expected_speedup=1.1, expected_tokens_per_s=3.0)
+    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
             "--head", "random", "--out", str(tmp_path), "--json", "--baselines", "same"]
@@ -200,8 +201,8 @@ def test_per_category_sampling_keeps_file_order(capsys):
 def test_plain_dynamic_takes_the_tree_generate_would(flags, device, tuned):
     """bench's plain `dynamic` follows generate's default (auto on a CPU unless a preset, a tree flag or
     --budget fixed), and an explicit budget in the mode name always wins."""
-    from eagle.loading import budget_mode
-    from eagle.tools.bench import _tuned, build_parser
+    from eagle.tools.loading import budget_mode
+    from eagle.tools.bench.command import _tuned, build_parser
     args = build_parser().parse_args(["--dataset", "mt_bench", *flags])
     plain, sized = parse_modes("dynamic,dynamic:8/3/4,vanilla")[:2]
     assert _tuned(args, plain, device) == tuned == (budget_mode(args, "dynamic", device) == "auto")

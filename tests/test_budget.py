@@ -1,12 +1,16 @@
 """The budget chooser on a synthetic cost model with a hand-computed optimum, the replay estimate of
 accepted lengths, the per-machine cost cache, and auto_config on the real model."""
+import json
+
 import numpy as np
 import torch
 import pytest
 
-from eagle.tools import budget
-from eagle.tools.budget import AcceptModel, Costs, StepSample, choose_budget
-from eagle.config import DecodeConfig
+from eagle.tools.budget import choice as budget_choice, costs as budget_costs
+from eagle.tools.budget.choice import choose_budget
+from eagle.tools.budget.costs import Costs
+from eagle.tools.budget.replay import AcceptModel, StepSample
+from eagle.core.config import DecodeConfig
 from tests.tiny import tiny_pair
 
 
@@ -82,105 +86,108 @@ def test_verify_cost_interpolates():
 
 
 def test_cost_cache_round_trip(tmp_path, monkeypatch):
-    monkeypatch.setattr(budget, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(budget_costs, "cache_dir", lambda: tmp_path)
     target, head = tiny_pair(vocab=12)
     grid = dict(ns=(1, 2, 4), top_ks=(1, 2), vocabs=(0, 6), repeats=1)
-    costs = budget.measure_costs(target, head, **grid)
-    path = budget.cost_path(costs.key)
+    costs = budget_costs.measure_costs(target, head, **grid)
+    path = budget_costs.cost_path(costs.key)
     assert path.is_file() and str(tmp_path) in str(path) and "threads=" in costs.key
     assert set(costs.verify) == {1, 2, 4} and set(costs.draft) == {"1/0", "1/6", "2/0", "2/6"}
     assert all(v > 0 for v in costs.verify.values())
-    loaded = budget.load_costs(costs.key)
+    loaded = budget_costs.load_costs(costs.key)
     assert loaded.verify == costs.verify and loaded.draft == costs.draft and loaded.overhead == costs.overhead
 
     def fail(*args, **kwargs):
         raise AssertionError("measured again despite the cache")
-    real_measure = budget._measure
-    monkeypatch.setattr(budget, "_measure", fail)
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1))  # the machine as measured
-    assert budget.measure_costs(target, head, **grid).verify == costs.verify
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1) * 3)  # busier now: keep
-    assert budget.measure_costs(target, head, **grid).verify == costs.verify
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: costs.t_verify(1) / 3)  # cache timed under load
+    real_measure = budget_costs._measure
+    monkeypatch.setattr(budget_costs, "_measure", fail)
+    monkeypatch.setattr(budget_costs, "probe_t1", lambda *a, **k: costs.t_verify(1))  # the machine as measured
+    assert budget_costs.measure_costs(target, head, **grid).verify == costs.verify
+    monkeypatch.setattr(budget_costs, "probe_t1", lambda *a, **k: costs.t_verify(1) * 3)  # busier now: keep
+    assert budget_costs.measure_costs(target, head, **grid).verify == costs.verify
+    monkeypatch.setattr(budget_costs, "probe_t1", lambda *a, **k: costs.t_verify(1) / 3)  # cache timed under load
     calls = []
-    monkeypatch.setattr(budget, "_measure", lambda *a, **k: calls.append(1) or real_measure(*a, **k))
-    budget.measure_costs(target, head, **grid)
+    monkeypatch.setattr(budget_costs, "_measure", lambda *a, **k: calls.append(1) or real_measure(*a, **k))
+    budget_costs.measure_costs(target, head, **grid)
     assert calls == [1]  # measured again (and saved)
-    monkeypatch.setattr(budget, "_measure", fail)
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: budget.load_costs(costs.key).t_verify(1))
+    monkeypatch.setattr(budget_costs, "_measure", fail)
+    monkeypatch.setattr(budget_costs, "probe_t1", lambda *a, **k: budget_costs.load_costs(costs.key).t_verify(1))
     with pytest.raises(AssertionError):  # a grid the cache does not cover is measured
-        budget.measure_costs(target, head, **{**grid, "ns": (1, 2, 4, 8)})
+        budget_costs.measure_costs(target, head, **{**grid, "ns": (1, 2, 4, 8)})
     path.write_text("{broken")
-    assert budget.load_costs(costs.key) is None
+    assert budget_costs.load_costs(costs.key) is None
 
 
 def test_a_cache_timed_under_load_is_stale():
-    assert budget.measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
-    assert not budget.measured_under_load(0.045, 0.042) and not budget.measured_under_load(0.042, 0.30)
+    assert budget_costs.measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
+    assert not budget_costs.measured_under_load(0.045, 0.042) and not budget_costs.measured_under_load(0.042, 0.30)
     target, head = tiny_pair(vocab=12)
-    assert 0 < budget.probe_t1(target, head, prefix_len=8, repeats=2) < 1
+    assert 0 < budget_costs.probe_t1(target, head, prefix_len=8, repeats=2) < 1
 
 
 @pytest.mark.slow
 def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatch):
-    monkeypatch.setattr(budget, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(budget_costs, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(budget_choice, "cache_dir", lambda: tmp_path)
     base = DecodeConfig(max_new_tokens=7)
-    cfg, report = budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
+    cfg, report = budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
                                      repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
     assert cfg.max_new_tokens == 7 and cfg.draft_vocab == 0  # a random head has no token counts
-    assert (cfg.total_tokens, cfg.depth, cfg.top_k) == tuple(report["chosen"][k] for k in ("total_tokens", "depth",
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k) == tuple(report.chosen[k] for k in ("total_tokens", "depth",
                                                                                           "top_k"))
     assert cfg.total_tokens in (2, 8, 16) and cfg.top_k in (1, 4)
-    assert report["calibration_rounds"] > 0 and report["top"][0]["tokens_per_s"] > 0
-    curve = report["curve"]  # the chosen shape at every tree size: what the dashboard plots
+    assert report.calibration_rounds > 0 and report.top[0]["tokens_per_s"] > 0
+    curve = report.curve  # the chosen shape at every tree size: what the dashboard plots
     assert [r["total_tokens"] for r in curve] == sorted(r["total_tokens"] for r in curve)
     assert {(r["depth"], r["top_k"]) for r in curve} == {(cfg.depth, cfg.top_k)}
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
     # vanilla: the fastest precision this CPU runs (never slower than the target's own), named
     # plain decoding costs the one-token verify plus what a real plain round spends beyond it (measured)
-    assert report["t_plain"] == pytest.approx(report["t_verify"]["1"] + report["host_ms"]["plain"] / 1000)
-    assert report["vanilla_same_dtype_tokens_per_s"] == pytest.approx(1 / report["t_plain"])
-    costs = budget.Costs.from_json(report["costs"])
-    assert sorted(costs.prefill) == sorted({min(p, budget.PREFIX_LEN) for p in budget.PREFILL_LENS})
+    assert report.t_plain == pytest.approx(report.t_verify["1"] + report.host_ms["plain"] / 1000)
+    assert report.vanilla_same_dtype_tokens_per_s == pytest.approx(1 / report.t_plain)
+    costs = report.costs
+    assert sorted(costs.prefill) == sorted({min(p, budget_costs.PREFIX_LEN) for p in budget_costs.PREFILL_LENS})
     assert min(costs.prefill.values()) > 0
-    assert costs.host_tree == pytest.approx(report["host_ms"]["tree"] / 1000)
-    c = report["chosen"]
-    assert report["top"][0]["round_s"] == pytest.approx(costs.round_cost(c["total_tokens"], c["depth"], c["top_k"],
+    assert costs.host_tree == pytest.approx(report.host_ms["tree"] / 1000)
+    c = report.chosen
+    assert report.top[0]["round_s"] == pytest.approx(costs.round_cost(c["total_tokens"], c["depth"], c["top_k"],
                                                                          c["draft_vocab"]))
     # a generation's expected time: its prompt's prefill, then rounds of E[accept] tokens each
-    assert budget.expected_seconds(report, 40, 1) == pytest.approx(costs.t_prefill(40))
-    assert budget.expected_seconds(report, 40, 65) > budget.expected_seconds(report, 40, 33) > costs.t_prefill(40)
-    assert report["vanilla_tokens_per_s"] >= report["vanilla_same_dtype_tokens_per_s"]
-    assert report["vanilla_dtype"] in ("float32", "bfloat16") and "fastest here" in budget.vanilla_name(report)
-    assert report["expected_speedup"] == pytest.approx(report["expected_speedup_same_dtype"] *
-                                                       report["vanilla_same_dtype_tokens_per_s"] /
-                                                       report["vanilla_tokens_per_s"])
-    assert report["beats_vanilla"] == (report["expected_speedup"] > 1)
-    contexts = [row["context"] for row in report["by_context"]]
-    assert contexts == sorted(budget.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
-    row = budget.choice_at_context(report, 192)  # the cached report chooses again without measuring
-    assert {k: row[k] for k in report["chosen"]} == report["chosen"]
+    assert budget_choice.expected_seconds(report, 40, 1) == pytest.approx(costs.t_prefill(40))
+    assert budget_choice.expected_seconds(report, 40, 65) > budget_choice.expected_seconds(report, 40, 33) > costs.t_prefill(40)
+    assert report.vanilla_tokens_per_s >= report.vanilla_same_dtype_tokens_per_s
+    assert report.vanilla_dtype in ("float32", "bfloat16") and "fastest here" in report.vanilla_label
+    assert report.expected_speedup == pytest.approx(report.expected_speedup_same_dtype *
+                                                       report.vanilla_same_dtype_tokens_per_s /
+                                                       report.vanilla_tokens_per_s)
+    assert report.beats_vanilla == (report.expected_speedup > 1)
+    as_json = json.loads(json.dumps(report.to_json()))  # budget --json and bench's summary.json
+    assert as_json["chosen"] == report.chosen and budget_costs.Costs.from_json(as_json["costs"]) == report.costs
+    contexts = [row["context"] for row in report.by_context]
+    assert contexts == sorted(budget_costs.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
+    row = budget_choice.choice_at_context(report, 192)  # the cached report chooses again without measuring
+    assert {k: row[k] for k in report.chosen} == report.chosen
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: report["t_verify"]["1"])
-    monkeypatch.setattr(budget, "_auto_report", fail)
-    again, cached = budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
+    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report.t_verify["1"])
+    monkeypatch.setattr(budget_choice, "_auto_report", fail)
+    again, cached = budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6,
                                        repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
-    assert again == cfg and cached["chosen"] == report["chosen"]
-    monkeypatch.setattr(budget, "probe_t1", lambda *a, **k: report["t_verify"]["1"] / 2)  # cache was loaded
+    assert again == cfg and cached.chosen == report.chosen
+    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report.t_verify["1"] / 2)  # cache was loaded
     with pytest.raises(AssertionError, match="searched again"):
-        budget.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
+        budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
                            ns=(1, 2, 8, 16), top_ks=(1, 4))
 
     # tuned_config on the cached report: auto chooses for the generation's context, adaptive per round
-    monkeypatch.setattr(budget, "auto_config", lambda t, h, c, **kw: (c.with_(**report["chosen"]), report))
-    long_cfg, _, long_report = budget.tuned_config(target, random_head, base, "auto", context=1500)
-    assert long_report["context"] == 1500
-    assert long_cfg.total_tokens == long_report["context_choice"]["total_tokens"] == \
-        budget.choice_at_context(report, 1500)["total_tokens"]
-    _, round_costs, _ = budget.tuned_config(target, random_head, base, "adaptive")
-    assert round_costs.contexts == budget.CONTEXTS and round_costs.verify_at(2048) != round_costs.verify
+    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, c, **kw: (c.with_(**report.chosen), report))
+    long_cfg, _, long_report = budget_choice.tuned_config(target, random_head, base, "auto", context=1500)
+    assert long_report.context == 1500
+    assert long_cfg.total_tokens == long_report.context_choice["total_tokens"] == \
+        budget_choice.choice_at_context(report, 1500)["total_tokens"]
+    _, round_costs, _ = budget_choice.tuned_config(target, random_head, base, "adaptive")
+    assert round_costs.contexts == budget_costs.CONTEXTS and round_costs.verify_at(2048) != round_costs.verify
 
 
 def test_fastest_vanilla_names_the_precision_that_is_fastest_here(monkeypatch):
@@ -188,11 +195,11 @@ def test_fastest_vanilla_names_the_precision_that_is_fastest_here(monkeypatch):
     probe does not run (fp16 on a CPU) competes by the probe's absolute times, never claimed fastest blindly."""
     from types import SimpleNamespace
     ms = {"float32": {"1": 55.0, "8": 75.0}, "bfloat16": {"1": 37.0, "8": 41.0}}
-    monkeypatch.setattr(budget, "choose_cpu_dtype", lambda target: {"ms": ms})
+    monkeypatch.setattr(budget_choice, "choose_cpu_dtype", lambda target: {"ms": ms})
     cpu = torch.device("cpu")
-    fp32 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float32, device=cpu), 0.060)
+    fp32 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float32, device=cpu), 0.060)
     assert fp32["dtype"] == "bfloat16" and fp32["tokens_per_s"] == pytest.approx(1 / (0.060 * 37 / 55))
-    slow_fp16 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.300)
+    slow_fp16 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.300)
     assert slow_fp16 == {"dtype": "bfloat16", "tokens_per_s": pytest.approx(1 / 0.037)}
-    fast_fp16 = budget.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.020)
+    fast_fp16 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.020)
     assert fast_fp16 == {"dtype": "float16", "tokens_per_s": pytest.approx(50.0)}

@@ -8,12 +8,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from eagle.adaptive import RoundCosts
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, PromptError, encode_prompt, generate
-from eagle.head import HeadMismatchError, load_head, new_head, save_head
-from eagle.trace import Trace, TraceHeader, read_trace, write_trace
-from eagle.verify import process_logits
+from eagle.core.adaptive import RoundCosts
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, PromptError, encode_prompt, generate
+from eagle.models.head import new_head
+from eagle.models.headio import HeadMismatchError, load_head, save_head
+from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace
+from eagle.core.verify import process_logits
 from tests.tiny import tiny_pair
 
 SMALL = dict(total_tokens=8, depth=3, top_k=3)
@@ -28,8 +29,8 @@ def vanilla_refs(target, mt_prompts):
     """Plain greedy continuations of 8 MT-bench first turns (one per category), 128 new tokens each.
     Decoded once per test run: the first xdist worker writes them to the run's cache under a lock, the
     other reads them (about a minute of fp32 decoding saved)."""
-    from eagle.files import atomic_write_json, exclusive_lock, read_json_or_none
-    from eagle.target import cache_dir
+    from eagle.records.files import atomic_write_json, exclusive_lock, read_json_or_none
+    from eagle.models.location import cache_dir
     path = cache_dir() / "test-vanilla-refs.json"
     with exclusive_lock(cache_dir() / ".test-vanilla-refs.lock", "the vanilla references", wait=True):
         refs = read_json_or_none(path)

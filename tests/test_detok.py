@@ -1,15 +1,15 @@
-"""Incremental detokenization (eagle.detok) through the real SmolLM2 tokenizer: whatever rounds the
+"""Incremental detokenization (eagle.core.detok) through the real SmolLM2 tokenizer: whatever rounds the
 tokens come in, the stream's pieces never split a character and concatenate to the full decode."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.detok import REPLACEMENT, TextWindow, next_text, token_text
-from eagle.head import new_head
-from eagle.target import default_gguf_path
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.core.detok import REPLACEMENT, TextWindow, next_text, token_text
+from eagle.models.head import new_head
+from eagle.models.conversion import default_gguf_path
 from tests.tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny forwards: see tests/conftest.py

@@ -13,8 +13,8 @@ import torch
 from eagle.training.data import _render_ids, read_sharegpt
 from eagle.training.distill import DistillConfig, first_exchange, generate_batch, read_distilled, regenerate
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
-from eagle.files import BusyError, exclusive_lock
-from eagle.head import load_head
+from eagle.records.files import BusyError, exclusive_lock
+from eagle.models.headio import load_head
 from eagle.training.features import prepare_features
 from eagle.training.train import _trainable_state, train_head
 

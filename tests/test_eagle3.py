@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, encode_prompt, generate
-from eagle.draft import Drafter
-from eagle.head import DraftHead, head_identity, head_sha256, load_head, new_head, save_head
-from eagle.head3 import Eagle3Head
-from eagle.tools.budget import auto_config
-from eagle.trace import Trace, TraceHeader, read_trace, write_trace
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.draft import Drafter
+from eagle.models.head import DraftHead, new_head
+from eagle.models.headio import head_identity, head_sha256, load_head, save_head
+from eagle.models.head3 import Eagle3Head
+from eagle.tools.budget.choice import auto_config
+from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace
 from eagle.training.features import extract_features, load_shards, prepare_features
 from eagle.training.train import train_head
 from tests.tiny import tiny_target
@@ -316,12 +317,12 @@ def test_draft_vocab_ids_are_the_drafters_tokens_and_auto_budget_runs_on_eagle3(
 
     grid = dict(prompts=["a tiny prompt"], vocabs=(0, 4), repeats=1, max_new_tokens=12, ns=(1, 2, 4), top_ks=(1, 2))
     cfg, report = auto_config(target, head, DecodeConfig(max_new_tokens=5), **grid)
-    assert (cfg.total_tokens, cfg.depth, cfg.top_k, cfg.draft_vocab) == tuple(report["chosen"][k] for k in
+    assert (cfg.total_tokens, cfg.depth, cfg.top_k, cfg.draft_vocab) == tuple(report.chosen[k] for k in
                                                                              ("total_tokens", "depth", "top_k",
                                                                               "draft_vocab"))
     assert cfg.max_new_tokens == 5 and cfg.total_tokens in (1, 2, 4) and cfg.draft_vocab in (0, 4)
-    assert report["calibration_rounds"] > 0 and f"eagle3-{len(DRAFT_IDS)}" in report["costs_key"]
-    eagle1_key = auto_config(target, new_head(target, seed=2), DecodeConfig(), **grid)[1]["costs_key"]
-    assert eagle1_key.endswith("eagle1") and eagle1_key != report["costs_key"]  # drafting costs differ
+    assert report.calibration_rounds > 0 and f"eagle3-{len(DRAFT_IDS)}" in report.costs.key
+    eagle1_key = auto_config(target, new_head(target, seed=2), DecodeConfig(), **grid)[1].costs.key
+    assert eagle1_key.endswith("eagle1") and eagle1_key != report.costs.key  # drafting costs differ
     out = generate(Decoder(target, head, cfg.with_(max_new_tokens=12)), [1, 2, 3])
     assert out.tokens == generate(Decoder(target, None, cfg.with_(mode="vanilla", max_new_tokens=12)), [1, 2, 3]).tokens

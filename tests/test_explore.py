@@ -56,6 +56,6 @@ def test_module_level_explore_uses_one_default_explorer():
 
 
 def test_importing_eagle_stays_light():
-    code = "import sys, eagle, eagle.trace, eagle.decode; assert 'pandas' not in sys.modules, 'pandas imported'"
+    code = "import sys, eagle, eagle.records.trace, eagle.core.decode; assert 'pandas' not in sys.modules, 'pandas imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,5 +1,5 @@
 """A full disk in the middle of every writing command (issue 37): ENOSPC injected into the one low-level
-write of eagle.files (what atomic_write and locked_append write with), after part of the failing write
+write of eagle.records.files (what atomic_write and locked_append write with), after part of the failing write
 has landed, as on a real disk. Each command stops with one sentence naming the file, exit code 2, no
 traceback, no temporary or empty file left, and the same command run again on a disk with room
 completes to what an uninterrupted run makes."""
@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 import analysis.__main__ as analysis_main
 from analysis.export import _keep_images
-from eagle import cli, files
-from eagle.files import WriteError
-from eagle.trace import write_trace
+from eagle import cli
+from eagle.records import files
+from eagle.records.files import WriteError
+from eagle.records.trace import write_trace
 from tests.test_reliability import _finished_trace, tiny_dir  # noqa: F401  (a fixture: the tiny model on disk)
 
 

@@ -1,6 +1,6 @@
 """Every file format the product reads, fuzzed (issue 36): valid files built from tiny models and tiny
 data are mutated (a field dropped, retyped, wrapped in the wrong nesting, shrunk, pushed out of range, the
-file truncated) and each reader must either read the file or raise eagle.schema.FileFormatError, never
+file truncated) and each reader must either read the file or raise eagle.records.schema.FileFormatError, never
 anything else, and whatever it returns must be usable (ids in the vocabulary, widths the model's, ...).
 Line files (traces, open.jsonl) skip and count a bad line instead; caches (costs, auto reports) are
 measured again (None)."""
@@ -26,14 +26,16 @@ from safetensors.torch import load_file, save_file
 
 from app.benchmarks import measured_auto_speedup
 from app.sources import read_files
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.head import COUNTS_FILE, HEAD_KINDS, load_head, new_head, save_head
-from eagle.schema import FileFormatError
-from eagle.tools import budget
-from eagle.tools.bench import Expected, load_store, read_summary
-from eagle.tools.specbench import answer_records, mean_speed, read_answers
-from eagle.trace import Trace, TraceHeader, _parse, read_trace, write_trace
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.models.head import HEAD_KINDS, new_head
+from eagle.models.headio import COUNTS_FILE, load_head, save_head
+from eagle.records.schema import FileFormatError
+from eagle.tools.budget import costs as budget_costs, report as budget_report
+from eagle.tools.bench.report import read_summary
+from eagle.tools.bench.store import Expected, load_store
+from eagle.tools.bench.specbench import answer_records, mean_speed, read_answers
+from eagle.records.trace import Trace, TraceHeader, _parse, read_trace, write_trace
 from eagle.training.distill import read_distilled
 from eagle.training.features import MANIFEST, _write_shard, check_features, load_shards
 from eagle.training.store import MANIFEST as STORE_MANIFEST
@@ -251,24 +253,28 @@ def test_bench_summary_is_read_or_refused(data) -> None:
 
 
 # ---- cost caches -----------------------------------------------------------------------------------
-COSTS = json.loads(json.dumps(budget.Costs("tiny|fuzz", {1: 0.01, 2: 0.012}, {"1/0": (0.001, 0.0005)}, 0.002,
+COSTS = json.loads(json.dumps(budget_costs.Costs("tiny|fuzz", {1: 0.01, 2: 0.012}, {"1/0": (0.001, 0.0005)}, 0.002,
                                            {"repeats": 3}, {768: {1: 0.02}}, {32: 0.05}, 0.0001, 0.0002).to_json()))
 
 
 @FUZZ
 @given(data=st.data())
 def test_a_malformed_cost_cache_is_measured_again(data) -> None:
-    budget.save_costs(budget.Costs.from_json(COSTS))
-    assert budget.load_costs(COSTS["key"]) is not None
+    budget_costs.save_costs(budget_costs.Costs.from_json(COSTS))
+    assert budget_costs.load_costs(COSTS["key"]) is not None
     bad = data.draw(mutated(COSTS))
-    budget.cost_path(COSTS["key"]).write_text(dumps(bad), encoding="utf-8")
-    costs = budget.load_costs(COSTS["key"])
+    budget_costs.cost_path(COSTS["key"]).write_text(dumps(bad), encoding="utf-8")
+    costs = budget_costs.load_costs(COSTS["key"])
     if costs is not None:  # usable as the cost model uses it
-        seconds = [*costs.verify.values(), *costs.prefill.values(), costs.overhead, costs.host_tree,
-                   costs.host_plain, *(t for v in costs.draft.values() for t in v),
+        seconds = [*costs.verify.values(), *costs.prefill.values(), costs.overhead,
+                   *(t for v in costs.draft.values() for t in v),
                    *(t for v in costs.verify_by_context.values() for t in v.values())]
         assert all(math.isfinite(s) and s >= 0 for s in seconds) and all(n > 0 for n in costs.verify)
-        assert costs.t_verify(1) >= 0
+        # the host terms are signed (a real round may cost less than the probes): finite, and the
+        # modelled round keeps its floor
+        assert math.isfinite(costs.host_tree) and math.isfinite(costs.host_plain)
+        assert costs.t_verify(1) >= 0 and costs.t_plain() >= 0
+        assert all(costs.round_cost(2, 1, *map(int, shape.split("/"))) >= 0 for shape in costs.draft)
 
 
 NS, TOP_KS, VOCABS = (1, 2, 4), (1, 2), (0,)
@@ -278,7 +284,8 @@ REPORT = {"curve": [{"total_tokens": n, "speedup": 1.0} for n in NS], "vanilla_t
           "expected_tokens_per_s": 60.0, "expected_speedup": 1.2, "expected_accept_length": 1.5, "costs": COSTS,
           "accept_table": {"ns": list(NS), "depths": [1, 2], "top_ks": list(TOP_KS), "vocabs": [0],
                            "grid": {"1/0": [[1.0, 1.2, 1.3], [1.0, 1.3, 1.5]]}},
-          "top": [], "by_context": [], "best_per_vocab": []}
+          "top": [], "by_context": [], "best_per_vocab": [], "host_ms": {"tree": 1.0, "plain": 0.5},
+          "calibration_rounds": 12, "calibration_accept_length": 1.4, "costs_file": "costs.json"}
 
 
 @FUZZ
@@ -287,14 +294,16 @@ def test_a_malformed_auto_report_is_chosen_again(data) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "auto.json"
         path.write_text(dumps(REPORT), encoding="utf-8")
-        assert budget.read_auto_report(path, NS, TOP_KS, VOCABS) == REPORT
+        assert budget_report.read_auto_report(path, NS, TOP_KS, VOCABS) == REPORT
         path.write_text(dumps(data.draw(mutated(REPORT))), encoding="utf-8")
-        report = budget.read_auto_report(path, NS, TOP_KS, VOCABS)
+        report = budget_report.read_auto_report(path, NS, TOP_KS, VOCABS)
     if report is not None:
         chosen = report["chosen"]
         assert chosen["total_tokens"] in NS and chosen["top_k"] in TOP_KS and chosen["draft_vocab"] in VOCABS
         assert report["t_verify"]["1"] > 0 and report["t_plain"] > 0
-        assert budget.measured_under_load(report["t_verify"]["1"], 0.01) in (True, False)
+        assert budget_costs.measured_under_load(report["t_verify"]["1"], 0.01) in (True, False)
+        typed = budget_report.AutoReport.from_cached(report, {"dtype": "float32", "tokens_per_s": 50.0}, path)
+        assert typed.chosen == chosen and typed.expected_speedup_same_dtype == report["expected_speedup"]
 
 
 # ---- head config.json and weights -------------------------------------------------------------------

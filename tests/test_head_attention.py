@@ -5,8 +5,8 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-from eagle.head3 import DraftAttention, prefix_mask
-from eagle.kvcache import KVCache
+from eagle.models.head3 import DraftAttention, prefix_mask
+from eagle.models.kvcache import KVCache
 
 
 def _pair(qkv_bias: bool, heads: int, kv_heads: int) -> tuple[DraftAttention, LlamaAttention, LlamaRotaryEmbedding]:

@@ -6,7 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eagle.target import cache_dir
+from eagle.models.location import cache_dir
 from tests.conftest import RUN_CACHE_VAR, USER_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def test_the_cache_is_a_temporary_directory_of_this_run():
 
 
 def test_a_cli_subprocess_uses_the_same_cache():
-    code = "from eagle.target import cache_dir; print(cache_dir())"
+    code = "from eagle.models.location import cache_dir; print(cache_dir())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(cache_dir())
@@ -33,8 +33,8 @@ def test_a_cli_subprocess_uses_the_same_cache():
 PROBE = '''
 import json
 from pathlib import Path
-from eagle.files import atomic_write_json
-from eagle.target import cache_dir
+from eagle.records.files import atomic_write_json
+from eagle.models.location import cache_dir
 
 
 def test_writes_the_run_cache():

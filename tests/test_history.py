@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from app.history import ENV, HistoryError, RunStore, default_path
-from eagle.trace import TraceHeader
+from eagle.records.trace import TraceHeader
 from tests.test_analysis import one_child_steps, trace
 
 WORKERS, RUNS = 4, 12

@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.draft import Drafter
-from eagle.head import DraftHead, head_identity, load_head, new_head, save_head
-from eagle.head3 import Eagle3Head
-from eagle.layouts import HeadLayoutError, eagle3_feature_layers
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.core.draft import Drafter
+from eagle.models.head import DraftHead, new_head
+from eagle.models.headio import head_identity, load_head, save_head
+from eagle.models.head3 import Eagle3Head
+from eagle.models.layouts import HeadLayoutError, eagle3_feature_layers
 from eagle.tools.headexport import export_head
 from tests.test_eagle3 import D, DRAFT_IDS, EPS, H, HEADS, INTER, KV, LAYERS, THETA, VOCAB, official_config, \
     official_state

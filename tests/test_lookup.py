@@ -1,4 +1,4 @@
-"""The prompt-lookup branch (eagle.lookup): what it copies, that greedy decoding with it stays exactly
+"""The prompt-lookup branch (eagle.core.lookup): what it copies, that greedy decoding with it stays exactly
 vanilla's on the real model, how traces record it, and who turns it on."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagle.config import DecodeConfig, SettingError
-from eagle.decode import Decoder, encode_prompt, generate
+from eagle.core.config import DecodeConfig, SettingError
+from eagle.core.decode import Decoder, encode_prompt, generate
 from eagle.frames import nodes_frame
-from eagle.lookup import ContextTokens, find_continuation, next_length
-from eagle.trace import Trace, read_trace, write_trace
+from eagle.core.lookup import ContextTokens, find_continuation, next_length
+from eagle.records.trace import Trace, read_trace, write_trace
 from eagle.tools.session import Session
 from analysis.tables import calibration_sample, depth_rank_table
 

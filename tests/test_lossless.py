@@ -1,13 +1,13 @@
-"""Greedy losslessness in bf16 on the real model, and the near-tie rules of eagle.lossless. fp32 stays
+"""Greedy losslessness in bf16 on the real model, and the near-tie rules of eagle.core.lossless. fp32 stays
 the exact reference (tests/test_decode.py asserts token-for-token equality there)."""
 import pytest
 import torch
 
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, encode_prompt, generate
-from eagle.head import load_head, shipped_head_path
-from eagle.lossless import NEAR_TIE_LOGIT_GAP, choice_gap_at, first_divergence, is_precision_flip, logit_gap_at
-from eagle.target import load_target
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.models.headio import load_head, shipped_head_path
+from eagle.core.lossless import NEAR_TIE_LOGIT_GAP, choice_gap_at, first_divergence, is_precision_flip, logit_gap_at
+from eagle.models.loader import load_target
 
 def test_divergence_rules() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None

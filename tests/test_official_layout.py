@@ -8,8 +8,8 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaConfig
 
 from eagle import cli
-from eagle.head import load_head, save_head, shipped_head_path
-from eagle.target import CONVERT_FILE, CONVERT_FORMAT, TOKENIZER_CLASS, resolve_model_path
+from eagle.models.headio import load_head, save_head, shipped_head_path
+from eagle.models.conversion import CONVERT_FILE, CONVERT_FORMAT, TOKENIZER_CLASS, resolve_model_path
 
 # The keys of an official EAGLE-1/2 head config.json (e.g. yuhuili/EAGLE-LLaMA3-Instruct-8B).
 OFFICIAL_KEYS = ("architectures", "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "initializer_range",

@@ -85,13 +85,13 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages_and_nothing_else(whe
 
 # Run by the installed interpreter from outside the checkout: prints where everything came from.
 IMPORTS = """
-import json, analysis, app, app.state, eagle, eagle.tools.bench, eagle.training.commands
+import json, analysis, app, app.state, eagle, eagle.tools.bench.command, eagle.training.commands
 from eagle import explore
-from eagle.head import shipped_head_path
-from eagle.questions import load_questions
-from eagle.tree import DEFAULT_STATIC_TREE
+from eagle.models.headio import shipped_head_path
+from eagle.records.questions import load_questions
+from eagle.core.tree import DEFAULT_STATIC_TREE
 r = explore("Say hi.", max_new_tokens=3, dtype="float32", budget="fixed")
-print(json.dumps({"modules": [m.__file__ for m in (analysis, app, app.state, eagle, eagle.tools.bench)],
+print(json.dumps({"modules": [m.__file__ for m in (analysis, app, app.state, eagle, eagle.tools.bench.command)],
                   "head": str(shipped_head_path("smollm2-135m-instruct")), "explore_head": r.head_source,
                   "tokens": len(r.generation.tokens), "questions": len(load_questions("mt_bench")[0]),
                   "static_tree": str(DEFAULT_STATIC_TREE), "tree_exists": DEFAULT_STATIC_TREE.is_file()}))

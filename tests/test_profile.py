@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eagle import cli
-from eagle.config import DecodeConfig
+from eagle.core.config import DecodeConfig
 from eagle.tools.profile import OUTSIDE, profile_rounds, tiny_llama
 from tests.test_reliability import _one_sentence, tiny_dir  # noqa: F401  (a fixture)
 from tests.tiny import tiny_pair
@@ -29,7 +29,7 @@ def test_phases_sum_to_the_round_and_overhead_is_the_rest(single_thread):
 
 
 def test_tiny_llama_shares_the_tokenizer_and_is_tiny(tiny_dir):  # noqa: F811
-    from eagle.target import load_target
+    from eagle.models.loader import load_target
     like = load_target(str(tiny_dir), dtype="float32")
     tiny, head = tiny_llama(like)
     assert tiny.tokenizer is like.tokenizer and tiny.config.vocab_size == like.config.vocab_size

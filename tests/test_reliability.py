@@ -24,16 +24,19 @@ from analysis.export import load_traces
 from eagle import cli
 from eagle.training import commands, train
 from eagle.training import features as shards
-from eagle.tools import bench
-from eagle.config import DecodeConfig
+from eagle.tools.bench import command as bench_command
+from eagle.core.config import DecodeConfig
 from eagle.training.data import read_sharegpt
-from eagle.decode import Decoder, PromptError, generate
+from eagle.core.decode import Decoder, PromptError, generate
 from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
-from eagle.files import BusyError, exclusive_lock, run_guarded
-from eagle.head import COUNTS_FILE, head_sha256, load_head, new_head, save_head
-from eagle.target import DEFAULT_MODEL, load_target, resolve_model_path
-from eagle.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
+from eagle.records.files import BusyError, exclusive_lock, run_guarded
+from eagle.models.head import new_head
+from eagle.models.headio import COUNTS_FILE, head_sha256, load_head, save_head
+from eagle.models.conversion import resolve_model_path
+from eagle.models.loader import load_target
+from eagle.models.location import DEFAULT_MODEL
+from eagle.records.trace import (INTERRUPTED, NodeRecord, StepRecord, Trace, TraceFormatError, TraceHeader, append_trace,
                          read_trace, write_trace)
 from tests.tiny import tiny_pair
 
@@ -404,7 +407,7 @@ def test_a_rewritten_version_1_trace_still_reads(tmp_path):
 
 
 # ---- a tiny model on disk: the real tokenizer, a 2-layer 32-wide Llama --------------------------
-# Loaded through the same code as any local model (eagle.target.load_target), so every command runs
+# Loaded through the same code as any local model (eagle.models.loader.load_target), so every command runs
 # unchanged, in-process or as a subprocess that a test kills.
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
@@ -445,7 +448,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.data import read_sharegpt
-from eagle.target import load_target
+from eagle.models.loader import load_target
 from eagle.training.features import prepare_features
 from eagle.training.train import train_head
 job, model, kill_at, kw = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
@@ -753,7 +756,7 @@ def _stored(out: Path) -> dict[tuple, list[int]]:
 @pytest.fixture(scope="module")
 def bench_reference(tiny_dir, tmp_path_factory) -> dict[tuple, list[int]]:
     root = tmp_path_factory.mktemp("bench-ref")
-    assert bench.main(_bench_args(tiny_dir, _questions(root / "q.jsonl", QUESTIONS), root / "out")) == 0
+    assert bench_command.main(_bench_args(tiny_dir, _questions(root / "q.jsonl", QUESTIONS), root / "out")) == 0
     return _stored(root / "out")
 
 
@@ -776,21 +779,21 @@ def test_bench_killed_mid_run_resumes_to_the_same_results(tiny_dir, bench_refere
         time.sleep(0.005)
     proc.kill()
     proc.wait()
-    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    assert bench_command.main(_bench_args(tiny_dir, dataset, out)) == 0
     assert _stored(out) == bench_reference
 
 
 def test_bench_resume_refuses_another_head_question_or_setting(tiny_dir, tiny_target, tmp_path, capsys):
     dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
-    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    assert bench_command.main(_bench_args(tiny_dir, dataset, out)) == 0
     save_head(new_head(tiny_target, seed=9), tmp_path / "head")
     capsys.readouterr()
-    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--head", str(tmp_path / "head")]) == 2
+    assert bench_command.main([*_bench_args(tiny_dir, dataset, out), "--head", str(tmp_path / "head")]) == 2
     assert "was made with another draft head" in _one_sentence(capsys.readouterr().err)
     edited = _questions(tmp_path / "edited.jsonl", [QUESTIONS[0], "What is a composite number?", QUESTIONS[2]])
-    assert bench.main(_bench_args(tiny_dir, edited, out)) == 2
+    assert bench_command.main(_bench_args(tiny_dir, edited, out)) == 2
     assert "(question 2, turn 1) answers another question text" in _one_sentence(capsys.readouterr().err)
-    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--max-new-tokens", "25"]) == 2
+    assert bench_command.main([*_bench_args(tiny_dir, dataset, out), "--max-new-tokens", "25"]) == 2
     assert "was made with max_new_tokens=24 (this run: 25)" in _one_sentence(capsys.readouterr().err)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["head"] == "random" and summary["generations"] == 6  # the refused runs changed nothing
@@ -800,13 +803,13 @@ def test_bench_keeps_what_it_did_not_write(tiny_dir, bench_reference, tmp_path, 
     dataset, out = _questions(tmp_path / "q.jsonl", QUESTIONS), tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text('{"mine": 1}')
-    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 2
+    assert bench_command.main(_bench_args(tiny_dir, dataset, out)) == 2
     assert "was not written by bench" in _one_sentence(capsys.readouterr().err)
     assert (out / "summary.json").read_text() == '{"mine": 1}'
-    assert bench.main([*_bench_args(tiny_dir, dataset, out), "--overwrite"]) == 0
+    assert bench_command.main([*_bench_args(tiny_dir, dataset, out), "--overwrite"]) == 0
     foreign = _finished_trace(3, "mine")  # a generate trace, no bench metadata, in a mode file
     append_trace(out / "traces" / "vanilla.jsonl", foreign)
-    assert bench.main(_bench_args(tiny_dir, dataset, out)) == 0
+    assert bench_command.main(_bench_args(tiny_dir, dataset, out)) == 0
     kept = [t for t in read_trace(out / "traces" / "vanilla.jsonl")[0] if t.header.meta.get("writer") == "mine"]
     assert len(kept) == 1 and len(kept[0].steps) == 3 and _stored(out) == bench_reference
 
@@ -822,7 +825,7 @@ def test_bench_bad_input_before_any_model_loads(tmp_path, capsys, extra, message
     (tmp_path / "file").write_text("x")
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
     dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
-    assert bench.main([*_bench_args(tmp_path / "no-model", dataset, tmp_path / "out"), *extra]) == 2
+    assert bench_command.main([*_bench_args(tmp_path / "no-model", dataset, tmp_path / "out"), *extra]) == 2
     assert message in _one_sentence(capsys.readouterr().err)
     assert (tmp_path / "file").read_text() == "x"
 

@@ -2,23 +2,25 @@
 times and the generation id), the same tree and the same tokens from the CLI, the notebook API, the
 dashboard's runner and bench."""
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
 from app import runner
 from app.state import Models
 from eagle import cli
-from eagle.config import DecodeConfig
-from eagle.decode import generate
-from eagle.head import head_identity, resolve_head
-from eagle.loading import budget_mode
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import generate
+from eagle.models.headio import head_identity, resolve_head
+from eagle.tools.loading import budget_mode
 from eagle.notebook import Explorer
-from eagle.target import load_target
-from eagle.tools import bench
+from eagle.models.loader import load_target
+from eagle.tools.bench import command as bench_command
+from eagle.tools.budget.costs import Costs
 from eagle.tools.session import Session
-from eagle.trace import read_trace
+from eagle.records.trace import read_trace
 from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture)
+from tests.tiny import fixed_auto_report
 
 PROMPT = "Name a fruit."
 TREE = dict(total_tokens=4, depth=2, top_k=2, max_new_tokens=8)
@@ -49,7 +51,7 @@ def test_four_front_ends_write_the_same_header_and_tokens(tiny_dir, tmp_path, si
 
     dataset = tmp_path / "q.jsonl"
     dataset.write_text(json.dumps({"question_id": 1, "category": "c", "turns": [PROMPT]}) + "\n")
-    assert bench.main(["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same",
+    assert bench_command.main(["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same",
                        *FLAGS, "--out", str(tmp_path / "bench"), "--threads", "1"]) == 0
     bench_trace = read_trace(tmp_path / "bench" / "traces" / "dynamic.jsonl")[0][0]
 
@@ -91,12 +93,14 @@ def test_auto_falls_back_to_vanilla_when_no_tree_pays(tiny_dir, monkeypatch):  #
     target = load_target(str(tiny_dir), dtype="float32")
     head, source = resolve_head(target, "random")
     session = Session.of(target, head, source)
-    losing = {"expected_speedup_same_dtype": 0.44, "same_dtype_factor": 1.0, "chosen": {}}
+    costs = Costs("k", {1: 0.04, 2: 0.05}, {"2/0": (0.01, 0.005)}, 0.002)
+    chosen = dict(total_tokens=4, depth=2, top_k=2, draft_vocab=0)
+    losing = fixed_auto_report(chosen, costs, expected_speedup_same_dtype=0.44)
     monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context: (cfg, None, losing))
     run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
     assert run.config.mode == "vanilla" and run.decoder.head is None and "0.44x" in run.note
     assert run.header.meta["note"] == run.note and run.header.head is None
-    paying = {**losing, "expected_speedup_same_dtype": 1.3}
+    paying = replace(losing, expected_speedup_same_dtype=1.3)
     monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context: (cfg, None, paying))
     run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
     assert run.config.mode == "dynamic" and run.note is None and "note" not in run.header.meta

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.settings import BROWSER_INT_MAX, bounds
-from eagle.config import RANGES, SEED_MAX, DecodeConfig, ModelLimits
+from eagle.core.config import RANGES, SEED_MAX, DecodeConfig, ModelLimits
 
 LIMITS = ModelLimits(max_context=8192, vocab_size=49152)
 

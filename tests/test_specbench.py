@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from eagle.target import DEFAULT_MODEL, resolve_model_path
-from eagle.tools.bench import main
-from eagle.tools.specbench import answer_text, format_speedups, mean_speed, read_answers, special_texts, speedups
-from eagle.trace import read_trace
+from eagle.models.conversion import resolve_model_path
+from eagle.models.location import DEFAULT_MODEL
+from eagle.tools.bench.command import main
+from eagle.tools.bench.specbench import answer_text, format_speedups, mean_speed, read_answers, special_texts, speedups
+from eagle.records.trace import read_trace
 from tests.test_reliability import tiny_dir  # noqa: F401  (a fixture: the tiny model on disk)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -124,8 +125,8 @@ def test_spec_bench_export(tmp_path, capsys):
 def test_answer_lines_are_sorted_by_question_id_as_spec_bench_leaves_them():
     """Spec-Bench's eval reorders every answer file by question_id; ours are written that way whatever the
     order the traces were run in (numeric ids numerically, 100 after 99)."""
-    from eagle.tools.specbench import answer_records
-    from eagle.trace import StepRecord, Trace, TraceHeader
+    from eagle.tools.bench.specbench import answer_records
+    from eagle.records.trace import StepRecord, Trace, TraceHeader
 
     def trace(qid) -> Trace:
         meta = {"question_id": qid, "turn": 1, "category": "writing", "new_tokens": 1, "seconds": 0.5}
@@ -158,8 +159,9 @@ def _listing(root) -> dict[str, bytes]:
 ])
 def test_an_export_over_runs_of_other_settings_is_refused_before_anything_is_written(tiny_dir, tmp_path, capsys,
                                                                                       first, second, words):
-    from eagle.head import new_head, save_head
-    from eagle.target import load_target
+    from eagle.models.head import new_head
+    from eagle.models.headio import save_head
+    from eagle.models.loader import load_target
     from tests.test_reliability import QUESTIONS, _questions
     dataset = _questions(tmp_path / "q.jsonl", QUESTIONS)
     other = _questions(tmp_path / "other.jsonl", [q.upper() for q in QUESTIONS])

@@ -1,4 +1,4 @@
-"""eagle.stats: the one arithmetic of tau, tokens/s and speed-up, and the bench and the analysis
+"""eagle.records.stats: the one arithmetic of tau, tokens/s and speed-up, and the bench and the analysis
 tables agreeing on it over the same traces."""
 import math
 
@@ -7,11 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis import tables as T
-from eagle import stats
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, generate
-from eagle.tools import bench
-from eagle.trace import StepRecord, Trace, TraceHeader
+from eagle.records import stats
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.tools.bench import report as bench_report, store as bench_store
+from eagle.records.trace import StepRecord, Trace, TraceHeader
 from tests.tiny import tiny_pair
 
 counts = st.integers(min_value=1, max_value=10_000)
@@ -74,11 +74,11 @@ def _bench_like_traces() -> list[Trace]:
 
 def test_bench_and_analysis_agree_on_the_same_traces(single_thread):
     traces = _bench_like_traces()
-    results = [bench._result_of(t) for t in traces]  # how the bench reads its stored generations back
+    results = [bench_store._result_of(t) for t in traces]  # how the bench reads its stored generations back
     table = T.compare_modes(traces).set_index("mode")
     assert set(table.index) == {"vanilla", "dynamic", "hf"}
     for mode in table.index:
-        ours = bench.mode_stats([r for r in results if r.mode == mode])
+        ours = bench_report.mode_stats([r for r in results if r.mode == mode])
         row = table.loc[mode]
         assert row["tau"] == pytest.approx(ours["tau"]) and row["new_tokens"] == ours["tokens"]
         assert row["tokens_per_s"] == pytest.approx(ours["tokens_per_second"])
@@ -90,7 +90,7 @@ def test_bench_and_analysis_agree_on_the_same_traces(single_thread):
 
 def test_wilson_interval_known_values() -> None:
     """Against the closed form's published values (e.g. Newcombe 1998, table I: 0/10, 1/10)."""
-    from eagle.stats import wilson_interval
+    from eagle.records.stats import wilson_interval
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert wilson_interval(1, 10) == pytest.approx((0.0179, 0.4042), abs=1e-4)
     assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from eagle import cli
-from eagle.config import DecodeConfig
-from eagle.decode import Decoder, encode_prompt, generate
-from eagle.target import DEFAULT_MODEL, ModelLoadError, cache_dir, load_target
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.models.loader import load_target
+from eagle.models.location import DEFAULT_MODEL, ModelLoadError, cache_dir
 from tests.tiny import tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ def test_cache_commit_equals_recomputing_the_accepted_prefix(single_thread):
     tgt = tiny_target()
     prefix, tree_tokens = torch.tensor([[3, 5, 7]]), torch.tensor([[2, 4, 6, 8]])
     parents = [-1, 0, 0, 2]  # node 3 hangs under node 2; nodes 1 and 3 are on different branches
-    from eagle.tree import build_tree
+    from eagle.core.tree import build_tree
     tree = build_tree(tree_tokens[0], torch.tensor(parents))
     cache = tgt.new_cache(32)
     tgt.forward(prefix, torch.arange(3)[None], cache, 0)
@@ -123,35 +124,35 @@ def test_cli_bad_input_is_one_clear_sentence(args, message, capsys):
 def test_auto_dtype_picks_the_faster_measured_and_caches_it(tmp_path, monkeypatch, single_thread):
     """--dtype auto on a CPU: the dtype with the least t(1) + t(8) wins; the second call reads the
     cache instead of timing again, and `refresh` times anew."""
-    from eagle import target as target_mod
+    from eagle.models import precision as precision_mod
     from tests.tiny import tiny_target
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     tiny = tiny_target()
-    first = target_mod.choose_cpu_dtype(tiny)
+    first = precision_mod.choose_cpu_dtype(tiny)
     ms = first["ms"]
     assert set(ms) == {"float32", "bfloat16"} and all(set(v) == {"1", "8"} for v in ms.values())
     assert first["chosen"] == min(ms, key=lambda d: sum(ms[d].values())) and first["chosen"] in first["reason"]
     assert tiny.dtype == torch.float32  # measured on copies
     calls = []
-    monkeypatch.setattr(target_mod, "measure_dtypes", lambda t: calls.append(t) or {
+    monkeypatch.setattr(precision_mod, "measure_dtypes", lambda t: calls.append(t) or {
         "float32": {1: 2.0, 8: 2.0}, "bfloat16": {1: 1.0, 8: 1.0}})
-    assert target_mod.choose_cpu_dtype(tiny)["ms"] == ms and not calls
-    assert target_mod.choose_cpu_dtype(tiny, refresh=True)["chosen"] == "bfloat16" and len(calls) == 1
+    assert precision_mod.choose_cpu_dtype(tiny)["ms"] == ms and not calls
+    assert precision_mod.choose_cpu_dtype(tiny, refresh=True)["chosen"] == "bfloat16" and len(calls) == 1
 
 
 @pytest.mark.parametrize("edit", [{"chosen": "float64"}, {"chosen": ["bfloat16"]}, {"reason": None}, {"key": "x"}])
 def test_a_precision_cache_outside_its_set_is_measured_again(tmp_path, monkeypatch, edit):
     """A cached --dtype auto choice that names no dtype auto measures (a hand edit, another version) is
     stale: measured again and rewritten, never a KeyError when the model is cast."""
-    from eagle import target as target_mod
-    from eagle.files import atomic_write_json
+    from eagle.models import precision as precision_mod
+    from eagle.records.files import atomic_write_json
     from tests.tiny import tiny_target
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
-    monkeypatch.setattr(target_mod, "measure_dtypes", lambda t: {"float32": {1: 2.0, 8: 2.0},
+    monkeypatch.setattr(precision_mod, "measure_dtypes", lambda t: {"float32": {1: 2.0, 8: 2.0},
                                                                  "bfloat16": {1: 1.0, 8: 1.0}})
     tiny = tiny_target()
-    report = target_mod.choose_cpu_dtype(tiny)
+    report = precision_mod.choose_cpu_dtype(tiny)
     path = Path(report.pop("file"))
     atomic_write_json(path, {**report, **edit})
-    assert target_mod.choose_cpu_dtype(tiny)["chosen"] == "bfloat16"
+    assert precision_mod.choose_cpu_dtype(tiny)["chosen"] == "bfloat16"
     assert json.loads(path.read_text()) == report  # rewritten whole

@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle.cli import main
-from eagle.head import COUNTS_FILE, load_head, save_head
+from eagle.models.headio import COUNTS_FILE, load_head, save_head
 from tests.tiny import tiny_pair
 
 
@@ -20,7 +20,7 @@ def test_token_map_matches_the_draft_vocabulary(tmp_path, trained_head, capsys):
     assert not (tmp_path / "x.pt").exists()
 
 
-# ---- the counts are read as load_head reads them (eagle.head.read_token_counts), on a tiny head ----------
+# ---- the counts are read as load_head reads them (eagle.models.headio.read_token_counts), on a tiny head ----------
 def _tiny_head_dir(path):
     target, head = tiny_pair()
     head.token_counts.copy_(torch.arange(12))

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle.head import load_head
-from eagle.target import load_target
+from eagle.models.headio import load_head
+from eagle.models.loader import load_target
 from eagle.training.features import Sequence, extract_features, prepare_features
 from eagle.training.objective import lr_factor, make_batch
 from eagle.training.train import train_head

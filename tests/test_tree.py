@@ -1,4 +1,4 @@
-"""Invariants of eagle.tree: mask, depths, retrieve paths, reranking, static tree."""
+"""Invariants of eagle.core.tree: mask, depths, retrieve paths, reranking, static tree."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagle.tree import (
+from eagle.core.tree import (
     ancestor_mask,
     build_tree,
     load_static_paths,

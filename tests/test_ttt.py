@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle.draft import Drafter
+from eagle.core.draft import Drafter
 from eagle.training.features import Sequence
 from eagle.training.objective import make_batch, ttt_loss, unroll
 from tests.tiny import tiny_pair

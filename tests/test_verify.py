@@ -1,4 +1,4 @@
-"""Acceptance rules of eagle.verify: greedy exactness and lossless sampling (chi-square)."""
+"""Acceptance rules of eagle.core.verify: greedy exactness and lossless sampling (chi-square)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from eagle.tree import Tree, build_tree, static_paths_to_tree_shape
-from eagle.verify import (
+from eagle.core.tree import Tree, build_tree, static_paths_to_tree_shape
+from eagle.core.verify import (
     accept_greedy,
     accept_sampling_dynamic,
     accept_sampling_static,

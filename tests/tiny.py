@@ -2,8 +2,8 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle.head import new_head
-from eagle.target import Target
+from eagle.models.head import new_head
+from eagle.models.target import Target
 
 
 class ByteTokenizer:
@@ -45,10 +45,10 @@ def tiny_features(target: Target, out, n_train: int = 12, n_heldout: int = 4, le
     tokenizer lacks). The target needs at least 3 layers."""
     from pathlib import Path
 
-    from eagle.head import COUNTS_FILE
-    from eagle.layouts import eagle3_feature_layers
+    from eagle.models.headio import COUNTS_FILE
+    from eagle.models.layouts import eagle3_feature_layers
     from eagle.training.features import _save_tensors, _write_shard, count_tokens, samples_sha256
-    from eagle.files import atomic_write_json
+    from eagle.records.files import atomic_write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ FAMILIES = ("llama", "qwen2", "qwen2-window", "qwen3", "mistral", "mistral-windo
 def family_target(family: str, seed: int = 0, vocab: int = 16) -> Target:
     """A tiny random target of `family`, with the attention load_target would pick for it."""
     from transformers import AutoModelForCausalLM
-    from eagle.target import attention_for
+    from eagle.models.loader import attention_for
     config = family_config(family, vocab)
     config._attn_implementation = attention_for(config)
     torch.manual_seed(seed)
@@ -110,3 +110,21 @@ def family_target(family: str, seed: int = 0, vocab: int = 16) -> Target:
     tok = ByteTokenizer()
     tok.eos_token_id, tok.vocab_size = None, vocab
     return Target(model=model, tokenizer=tok, name=f"tiny-{family}")
+
+
+def fixed_auto_report(chosen: dict, costs, curve: list[dict] | None = None, **figures):
+    """An AutoReport for a test that fixes the auto budget: the given budget, costs and figures, and
+    neutral others (no replayed grid: choice_at_context is not for it)."""
+    from eagle.tools.budget.replay import AcceptModel
+    from eagle.tools.budget.report import AutoReport
+    curve = curve if curve is not None else [dict(chosen, accept_length=1.5, round_s=costs.round_cost(
+        chosen["total_tokens"], chosen["depth"], chosen["top_k"], chosen["draft_vocab"]), tokens_per_s=1.0, speedup=1.0)]
+    grid = AcceptModel.from_json({"ns": [1], "depths": [0], "top_ks": [1], "vocabs": [0], "grid": {"1/0": [[1.0]]}})
+    values = dict(chosen=chosen, curve=curve, top=curve[:5], best_per_vocab=curve[:1], by_context=[],
+                  expected_tokens_per_s=1.0, expected_accept_length=1.5, expected_speedup=1.0,
+                  expected_speedup_same_dtype=1.0, beats_vanilla=False, vanilla_tokens_per_s=1.0,
+                  vanilla_same_dtype_tokens_per_s=1.0, vanilla_dtype="float32", same_dtype_factor=1.0,
+                  t_plain=costs.t_plain(), t_verify={str(n): t for n, t in costs.verify.items()}, alpha=1.0,
+                  host_ms={"tree": 1000 * costs.host_tree, "plain": 1000 * costs.host_plain}, calibration_rounds=1,
+                  calibration_accept_length=1.5, costs=costs, accept_table=grid, costs_file="", auto_file="")
+    return AutoReport(**{**values, **figures})

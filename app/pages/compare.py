@@ -11,9 +11,9 @@ from app import exports, render, runner, state
 from app import prompt as prompt_ui
 from app.persist import save, saved, seed
 from app.settings import budget_policy, settings_form
-from eagle.config import DecodeConfig
-from eagle.decode import PromptError, encode_prompt
-from eagle.trace import Trace
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import PromptError, encode_prompt
+from eagle.records.trace import Trace
 
 MODES = ("static", "dynamic")
 RESULTS, RUN_ID = "cmp_results", "cmp_run_id"  # {"static": Trace, "dynamic": Trace, "vanilla": ...}; run counter

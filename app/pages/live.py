@@ -6,6 +6,7 @@ import streamlit as st
 from app import live, render, state
 from app import prompt as prompt_ui
 from app.settings import budget_policy, settings_form
+from eagle.tools.budget.report import AutoReport
 
 INTRO = """
 **One round** = draft → verify → accept. The draft head (one decoder layer over the target's own
@@ -40,11 +41,11 @@ def main() -> None:
         st.markdown(INTRO)
     models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
-    report: dict = {}
+    fetched: list[AutoReport] = []  # the auto report, once the settings asked for it
 
-    def auto() -> dict:
-        report.update(state.auto_budget(models))
-        return report
+    def auto() -> AutoReport:
+        fetched[:] = [state.auto_budget(models)]
+        return fetched[0]
 
     cfg, error = settings_form("live", auto=auto, limits=models.limits)
     prompt_ui.show_history()
@@ -58,7 +59,7 @@ def main() -> None:
         st.info("Type a prompt to start: each pause in typing (or Enter; Ctrl+Enter in the multi-line "
                 "editor) decodes it with these settings.")
         return
-    if not live.long_prompt_ok(models, prompt, cfg, lambda: report or state.auto_budget(models)):
+    if not live.long_prompt_ok(models, prompt, cfg, lambda: fetched[0] if fetched else state.auto_budget(models)):
         return
     slots = live.Slots.make()
     trace = st.session_state.get(live.RUN)

@@ -1,3 +1,4 @@
-"""Tools built on the decoding core: the benchmark (bench, its Spec-Bench export), the machine-tuned
-tree budget (budget) and the draft-vocabulary export (tokenmap). They use the core's public surface;
-the core never imports them."""
+"""Tools built on the decoding core: the settings every front end parses (loading, checks), the one
+Session they decode through, the benchmark (bench/), the machine-tuned tree budget (budget/), the
+profile, and the head and draft-vocabulary exports. They use the core's public surface; the core
+never imports them."""

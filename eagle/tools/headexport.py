@@ -1,5 +1,5 @@
 """`python -m eagle export-head --head DIR --format eagle3|speculators|eagle --out DIR2`: a head in any
-layout eagle.layouts reads, written in the layout another server loads. eagle3: SpecForge's EAGLE-3
+layout eagle.models.layouts reads, written in the layout another server loads. eagle3: SpecForge's EAGLE-3
 config (architectures LlamaForCausalLMEagle3, layer ids as outputs of layers), what SGLang loads;
 speculators: vLLM's format (layers.0.*, layer ids as inputs of layers); eagle: the official EAGLE-1/2
 layout, with architectures LlamaForCausalLMEagle, which SGLang needs and the official loader ignores.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checks import check_output
-from ..files import atomic_write
-from ..head import COUNTS_FILE, read_head
-from ..layouts import HeadLayout, write_checkpoint
-from ..target import DEFAULT_MODEL
+from .checks import check_output
+from ..records.files import atomic_write
+from ..models.headio import COUNTS_FILE, read_head
+from ..models.layouts import HeadLayout, write_checkpoint
+from ..models.location import DEFAULT_MODEL
 from .tokenmap import head_dir
 
 STALE = ("pytorch_model.bin",)  # an old weights file the official loader would read before ours

@@ -12,14 +12,15 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..config import DecodeConfig
-from ..decode import Decoder, generate
-from ..adaptive import RoundCosts
-from ..head import AnyHead, new_head
-from ..stats import tau
-from ..target import Target, dtype_name
-from ..timing import STEP_PHASES, phase_seconds
-from ..trace import StepRecord
+from ..core.config import DecodeConfig
+from ..core.decode import Decoder, generate
+from ..core.adaptive import RoundCosts
+from ..models.head import AnyHead, new_head
+from ..records.stats import tau
+from ..models.precision import dtype_name
+from ..models.target import Target
+from ..records.timing import STEP_PHASES, phase_seconds
+from ..records.trace import StepRecord
 
 ROUND_PHASES = tuple(p for p in STEP_PHASES if p != "prefill")
 OUTSIDE = "outside"  # the generator loop between rounds: what no phase of a round covers

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..adaptive import RoundCosts
-from ..config import DecodeConfig
-from ..lookup import LOOKUP_TOKENS
-from ..decode import Decoder, encode_prompt
-from ..head import AnyHead, head_identity
-from ..loading import check_budget
-from ..target import Target, dtype_name
-from ..trace import TraceHeader
-from .budget import tuned_config
+from ..core.adaptive import RoundCosts
+from ..core.config import DecodeConfig
+from ..core.decode import Decoder, encode_prompt
+from ..core.lookup import LOOKUP_TOKENS
+from ..models.head import AnyHead
+from ..models.headio import head_identity
+from .loading import check_budget
+from ..models.precision import dtype_name
+from ..models.target import Target
+from ..records.trace import TraceHeader
+from .budget.choice import tuned_config
+from .budget.report import AutoReport
 
 Prompt = str | list[dict]  # one user message, or a conversation of chat messages
 DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanilla and bench's HF modes do not)
@@ -22,13 +25,13 @@ DRAFT_MODES = ("static", "dynamic")  # the modes that draft with the head (vanil
 
 @dataclass(frozen=True)
 class Prepared:
-    """A prompt ready to decode: what `eagle.decode.generate(prepared.decoder, prepared.ids)` needs,
+    """A prompt ready to decode: what `eagle.core.decode.generate(prepared.decoder, prepared.ids)` needs,
     and the header its trace gets."""
     ids: list[int]
     config: DecodeConfig  # the tree the budget chose, or the one given
     decoder: Decoder
     header: TraceHeader
-    budget_report: dict | None = None  # the auto report when a budget was tuned
+    budget_report: AutoReport | None = None  # the auto report when a budget was tuned
     note: str | None = None  # why the settings were changed (auto fell back to plain decoding)
 
 
@@ -46,7 +49,7 @@ class Session:
         return cls(target, head, head_source, head_identity(head))
 
     def tune(self, cfg: DecodeConfig, budget: str,
-             context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, dict | None]:
+             context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport | None]:
         """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
         take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
         auto's own choice, at its probe's prefix length)."""
@@ -67,17 +70,17 @@ class Session:
         return cfg.with_(lookup_tokens=LOOKUP_TOKENS if on else 0)
 
     @staticmethod
-    def fallback(cfg: DecodeConfig, report: dict | None) -> tuple[DecodeConfig, str | None]:
+    def fallback(cfg: DecodeConfig, report: AutoReport | None) -> tuple[DecodeConfig, str | None]:
         """Plain decoding, and the sentence saying why, when the auto budget expects no tree to beat
         vanilla decoding at the model's own precision (a random or poor head); else cfg unchanged."""
-        if report is None or "expected_speedup_same_dtype" not in report:
+        if report is None:
             return cfg, None
-        choice = report.get("context_choice")
-        expected = choice["speedup_same_dtype"] if choice else report["expected_speedup_same_dtype"]
+        choice = report.context_choice
+        expected = choice["speedup_same_dtype"] if choice else report.expected_speedup_same_dtype
         if expected >= 1.0:
             return cfg, None
-        return cfg.with_(mode="vanilla", lookup_tokens=0), (f"the auto budget expects no tree to pay here (its best, "
-                                           f"{expected:.2f}x vanilla at this precision): decoding as vanilla")
+        why = f"the auto budget expects no tree to pay here (its best, {expected:.2f}x vanilla at this precision)"
+        return cfg.with_(mode="vanilla", lookup_tokens=0), f"{why}: decoding as vanilla"
 
     def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:
         """Encode (a bad prompt fails before any tuning), tune, and build the decoder and header; `meta`

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-from ..files import atomic_write, torch_bytes
-from ..head import COUNTS_FILE, read_head, read_token_counts, shipped_head_path, top_token_ids
-from ..target import DEFAULT_MODEL
+from ..records.files import atomic_write, torch_bytes
+from ..models.head3 import top_token_ids
+from ..models.headio import COUNTS_FILE, read_head, read_token_counts, shipped_head_path
+from ..models.location import DEFAULT_MODEL
 
 
 def head_dir(head: str, model: str) -> Path:

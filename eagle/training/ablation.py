@@ -17,7 +17,7 @@ subset alone (train's `train_samples`). Every point is scored on the whole held-
 Each point (recipe, fraction): train.train_head into OUT/runs/RECIPE-FRACTION (resuming from its checkpoint),
 whose final held-out evaluation gives the top-1 accuracy at each of 4 unrolled draft steps; optionally MT-bench
 tau: the first turn of the first `tau_per_category` questions of each category decoded greedily with the
-trained head through a tools Session, tau = new tokens / target forwards (eagle.stats). After each point
+trained head through a tools Session, tau = new tokens / target forwards (eagle.records.stats). After each point
 OUT/ablation.json is rewritten atomically; a rerun skips the points it holds (and only adds tau where newly
 asked) and refuses settings that differ from the file's, naming the field. One lock per OUT."""
 from __future__ import annotations
@@ -29,13 +29,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..config import DecodeConfig
-from ..decode import generate
-from ..files import atomic_write_json, exclusive_lock, read_json_object, run_logger
-from ..head import load_head
-from ..questions import load_questions, select_questions
-from ..stats import tau
-from ..target import Target, dtype_name
+from ..core.config import DecodeConfig
+from ..core.decode import generate
+from ..records.files import atomic_write_json, exclusive_lock, read_json_object, run_logger
+from ..models.headio import load_head
+from ..records.questions import load_questions, select_questions
+from ..records.stats import tau
+from ..models.precision import dtype_name
+from ..models.target import Target
 from ..tools.session import Session
 from .features import check_features
 from .objective import default_loss
@@ -219,7 +220,7 @@ def _train_point(target: Target, cfg: AblationConfig, recipe: str, fraction: flo
 
 def _point_tau(target: Target, head_dir: Path, cfg: AblationConfig) -> dict:
     """MT-bench tau of one trained head: each selected question's first turn, greedy, through a Session (the
-    path every front end decodes through), totals by eagle.stats.tau."""
+    path every front end decodes through), totals by eagle.records.stats.tau."""
     questions, _ = load_questions(cfg.questions)
     chosen = select_questions(questions, per_category=cfg.tau_per_category)
     session = Session.of(target, load_head(head_dir, target), str(head_dir))

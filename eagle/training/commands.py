@@ -1,5 +1,5 @@
 """`python -m eagle prepare|train|evaluate|distill|ablation`: argparse for the training side, run inside
-eagle.files.run_guarded (a bad input is one sentence and exit code 2). eagle.cli hands these commands here."""
+eagle.records.files.run_guarded (a bad input is one sentence and exit code 2). eagle.cli hands these commands here."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
-from ..files import atomic_write, run_guarded
-from ..head import HEAD_KINDS
-from ..target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target
-from ..questions import load_questions
+from ..tools.checks import ArgumentParser, check_argv, check_output, check_runtime_args
+from ..records.files import atomic_write, run_guarded
+from ..models.head import HEAD_KINDS
+from ..models.loader import load_target
+from ..models.location import DEFAULT_MODEL
+from ..models.precision import DTYPE_CHOICES
+from ..models.target import Target
+from ..records.questions import load_questions
 from .ablation import (RECIPE_NAMES, AblationConfig, check_ablation_features, parse_fractions, parse_tree,
                        run_ablation)
 from .data import read_sharegpt

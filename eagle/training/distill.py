@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from .data import SHAREGPT_DIST, SHAREGPT_FILE, Conversation, _render_ids
 from .store import DistillStore, ReadStats, target_sha256
-from ..files import exclusive_lock
-from ..target import Target
+from ..records.files import exclusive_lock
+from ..models.target import Target
 
 WINDOW = 256  # conversations per sealed chunk: at most one window is lost when a run is killed
 

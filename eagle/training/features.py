@@ -5,7 +5,7 @@ ids, the target's post-norm last hidden states (fp16) and the assistant-only los
 shards of `shard_size` samples per split. It is resumable: finished shards are skipped. Before its first
 shard it records manifest.json (settings, the target's weights hash, a hash of the tokenized samples) and
 refuses a resume that differs, naming the field. One lock per output directory; every file is written
-atomically (eagle.files). `load_shards` is the reader train uses."""
+atomically (eagle.records.files). `load_shards` is the reader train uses."""
 from __future__ import annotations
 
 import hashlib
@@ -18,11 +18,13 @@ import torch
 from safetensors.torch import save
 from tqdm import tqdm
 
-from ..files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
-from ..head import COUNTS_FILE, HEAD_KINDS, read_tensors
-from ..layouts import eagle3_feature_layers
-from ..schema import FileFormatError, check_ids, check_in, check_object, check_offsets, check_tensor
-from ..target import Target, dtype_name
+from ..records.files import atomic_write, atomic_write_json, exclusive_lock, read_json_object, run_logger
+from ..models.head import HEAD_KINDS
+from ..models.headio import COUNTS_FILE
+from ..models.layouts import eagle3_feature_layers, read_tensors
+from ..records.schema import FileFormatError, check_ids, check_in, check_object, check_offsets, check_tensor
+from ..models.precision import dtype_name
+from ..models.target import Target
 from .data import Conversation, read_sharegpt, split_conversations, tokenize_conversation
 from .distill import DistillConfig, read_distilled, regenerate
 from .store import target_sha256
@@ -36,7 +38,7 @@ Sample = tuple[torch.Tensor, torch.Tensor]  # (input_ids (T,), loss_mask (T,))
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Atomically (eagle.files): an interrupted run never leaves a half-written file that looks finished."""
+    """Atomically (eagle.records.files): an interrupted run never leaves a half-written file that looks finished."""
     atomic_write(path, save(tensors))
 
 
@@ -116,7 +118,7 @@ def read_manifest(features_dir: Path) -> dict | None:
     return manifest
 
 
-# The kind of every field prepare records (eagle.schema kinds), checked where the manifest is read.
+# The kind of every field prepare records (eagle.records.schema kinds), checked where the manifest is read.
 MANIFEST_FIELDS = {"model": "str", "target_sha256": "str", "dtype": "str", "n_conversations": "nat",
                    "max_len": "nat", "heldout_fraction": "num", "seed": "nat", "shard_size": "nat",
                    "self_distill": "dict?", "head_type": "str", "feature_layers": "ints?",

@@ -10,9 +10,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ..head import AnyHead
-from ..kvcache import ChainKeys
-from ..target import Target
+from ..models.head import AnyHead
+from ..models.kvcache import ChainKeys
+from ..models.target import Target
 from .features import Sequence
 
 

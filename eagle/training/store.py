@@ -24,8 +24,8 @@ from typing import Iterator
 
 import torch
 
-from ..files import atomic_write, atomic_write_json, locked_append, read_json_object
-from ..schema import FileFormatError, check_in, check_object, fail
+from ..records.files import atomic_write, atomic_write_json, locked_append, read_json_object
+from ..records.schema import FileFormatError, check_in, check_object, fail
 
 FORMAT = "eagle2-explorer self-distill v1"
 MANIFEST = "manifest.json"
@@ -36,7 +36,7 @@ HELDOUT_RULE = ("eagle.training.data.is_heldout: a conversation is held out when
 # not one: fp32 and bf16 give the target's own greedy reply up to near-ties, and the faster one differs
 # by machine (bf16 is 3x slower than fp32 on a CPU without native bf16), so each chunk records its own.
 SETTING_FIELDS = ("model", "target_sha256", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
-# The kinds (eagle.schema) of the manifest, its settings, each chunk entry and each reply record.
+# The kinds (eagle.records.schema) of the manifest, its settings, each chunk entry and each reply record.
 SETTING_KINDS = {"model": "str", "target_sha256": "str", "max_new_tokens": "nat", "max_prompt_tokens": "nat",
                  "temperature": "num", "seed": "nat"}
 CHUNK_KINDS = {"file": "str", "first_index": "nat", "end_index": "nat", "records": "nat", "new_tokens": "nat",

@@ -15,9 +15,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
-from ..head import COUNTS_FILE, AnyHead, load_head, new_head, read_token_counts, save_head, top_token_ids
-from ..target import Target, dtype_name
+from ..records.files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
+from ..models.head import AnyHead, new_head
+from ..models.head3 import top_token_ids
+from ..models.headio import COUNTS_FILE, load_head, read_token_counts, save_head
+from ..models.precision import dtype_name
+from ..models.target import Target
 from .features import Sequence, check_features, count_tokens, load_shards
 from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
                         unroll)
@@ -89,7 +92,7 @@ class TrainConfig:
     ttt_steps: int = 1  # training-time test: draft steps unrolled per position (1 = the EAGLE-1 recipe)
     ttt_decay: float = 0.8  # weight of step j's loss is ttt_decay ** j (EAGLE-3)
     loss: str = "eagle1"  # one of LOSSES
-    head_type: str = "eagle1"  # one of eagle.head.HEAD_KINDS; eagle3 needs features prepared for it and loss token
+    head_type: str = "eagle1"  # one of eagle.models.head.HEAD_KINDS; eagle3 needs features prepared for it and loss token
     draft_vocab_size: int = 0  # EAGLE-3: the K most frequent training tokens make its vocabulary (0 = all)
     train_samples: int = 0  # train on the first N training samples only, in shard order (0 = all): nested subsets
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from eagle.tree import Tree
+from eagle.core.tree import Tree
 
 
 def _check_sampling_params(temperature: float, top_p: float, top_k: int) -> None:

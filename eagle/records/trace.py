@@ -7,24 +7,24 @@ header: {"schema", "version", "kind": "header", "generation": id, "model", "head
          "config": DecodeConfig fields, "prompt": str, "prompt_tokens": int, "meta": {...},
          "head_type": "eagle1"|"eagle3"|null, "head_version": head_sha256|null,
          "head_layout": {"name", "convention", "layer_ids", "source"}|null: the checkpoint layout the head
-         was read from and how its layer ids read (eagle.layouts.HeadLayout; optional: older files lack these)}
+         was read from and how its layer ids read (eagle.models.layouts.HeadLayout; optional: older files lack these)}
 step:   {"kind": "step", "generation": id, "step": int, "mode": str, "nodes": [NodeRecord...],
          "accepted": [node ids], "bonus_token": int, "bonus_text": str, "new_tokens": [int],
          "new_text": str, "accept_length": accepted draft tokens + 1,
          "timings": {phase: s}, "target_forwards": int, "finished": str|null}
         timings: the round's disjoint phases, summing to its wall time: "draft.0" .. "draft.d" (one per
         draft step), "tree", "verify" (the target forward), "accept", "commit", "consume", "record"
-        (eagle.timing.STEP_PHASES; traces before 2026-12-05 hold "draft", "verify", "commit").
+        (eagle.records.timing.STEP_PHASES; traces before 2026-12-05 hold "draft", "verify", "commit").
         Step 0 is the prefill: no nodes, one new token, timings {"prefill": s}. The last step's
         "finished" says why the generation ended ("eos", "max_new_tokens", "context"), or
         "interrupted" (then the header's meta has "interrupted": true) when it was cut short.
-        new_text: what the round adds to the reply's text (eagle.detok.next_text): whole characters
+        new_text: what the round adds to the reply's text (eagle.core.detok.next_text): whole characters
         only (a character still incomplete waits for the round that completes it; the last round
         flushes), special tokens such as <|im_end|> left out, so the new_text of a finished
         generation concatenate to tokenizer.decode(tokens, skip_special_tokens=True). An interrupted
         one may lack a trailing partial character. bonus_text is the bonus token's label, as a node's.
 node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "depth": int (root 0),
-         "token": int, "text": the token's own label (eagle.detok.token_text: special tokens written out;
+         "token": int, "text": the token's own label (eagle.core.detok.token_text: special tokens written out;
          a token holding part of a character shows its bytes, undecodable ones as \\xNN, e.g. " \\xf0\\x9f"
          for a space and an emoji's first two bytes; a SentencePiece byte token as its name, "<0xF0>"),
          "confidence": draft probability of this token given its parent,
@@ -32,7 +32,7 @@ node:   {"id": candidate index (0 = root), "parent": id (-1 for the root), "dept
          siblings by confidence (0 = best), "kept": survived reranking (was verified), "accepted": bool,
          "target_prob": the target's (processed) probability of this token at its parent, or null if
          the node was not verified, "source": "draft" (the head's) or "lookup" (the prompt-lookup
-         branch, eagle.lookup: copied from the context, confidence and value 1, ids after the drafts)}
+         branch, eagle.core.lookup: copied from the context, confidence and value 1, ids after the drafts)}
 The root node is the last token the target produced; its confidence and value are 1.
 
 Writers append a whole generation at once (`append_trace`: one write under a file lock). The reader
@@ -78,7 +78,7 @@ class NodeRecord:
     kept: bool
     accepted: bool
     target_prob: float | None = None
-    source: str = "draft"  # "draft": the head proposed it; "lookup": copied from the context (eagle.lookup)
+    source: str = "draft"  # "draft": the head proposed it; "lookup": copied from the context (eagle.core.lookup)
 
 
 @dataclass
@@ -116,8 +116,8 @@ class TraceHeader:
     meta: dict = field(default_factory=dict)
     generation: str = field(default_factory=new_generation_id)
     head_type: str | None = None  # "eagle1" (EAGLE-1/2 layout) or "eagle3"; None without a head
-    head_version: str | None = None  # eagle.head.head_sha256 of the head's weights
-    head_layout: dict | None = None  # eagle.layouts.HeadLayout.describe(): layout name and layer-id convention
+    head_version: str | None = None  # eagle.models.headio.head_sha256 of the head's weights
+    head_layout: dict | None = None  # eagle.models.layouts.HeadLayout.describe(): layout name and layer-id convention
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "kind": "header", **asdict(self)}
@@ -185,13 +185,13 @@ def _lines(trace: Trace) -> str:
 
 
 def write_trace(path: str | Path, traces: Iterable[Trace]) -> None:
-    """Write traces atomically (eagle.files.atomic_write): a crash never leaves a half-written file."""
+    """Write traces atomically (eagle.records.files.atomic_write): a crash never leaves a half-written file."""
     atomic_write(path, "".join(_lines(t) for t in traces))
 
 
 def append_trace(path: str | Path, trace: Trace) -> None:
     """Append one whole generation with a single write under an exclusive lock, on a fresh line
-    (eagle.files.locked_append): concurrent writers never interleave and a torn line stays apart."""
+    (eagle.records.files.locked_append): concurrent writers never interleave and a torn line stays apart."""
     locked_append(path, _lines(trace).encode("utf-8"))
 
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .resources import resource_path
+from ..resources import resource_path
 
 DATASETS = {"mt_bench": resource_path("mt_bench.jsonl")}
 

@@ -2,7 +2,7 @@
 whose attention reads [norm(embedding) ; norm(fused feature)] (2H), a final norm and the head's own
 lm_head over a draft vocabulary of K tokens, mapped to target ids by the buffer d2t. Module names
 follow the official checkpoint layout (fc, midlayer.*, norm, lm_head, d2t, t2d); loading and saving
-live in eagle.head beside the EAGLE-1/2 head's."""
+live in eagle.models.head beside the EAGLE-1/2 head's."""
 from __future__ import annotations
 
 import torch
@@ -106,7 +106,7 @@ class Eagle3Head(nn.Module):
     """forward returns the layer's output hidden state (B, T, H), the feature later draft steps are
     fed; `logit_features` (the final norm) turns it into what lm_head scores."""
     kind = "eagle3"
-    layout: HeadLayout | None = None  # the layout it was read from or made in (set by eagle.head)
+    layout: HeadLayout | None = None  # the layout it was read from or made in (set by eagle.models.head)
 
     def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...],
                  embed_tokens: nn.Embedding | None = None) -> None:

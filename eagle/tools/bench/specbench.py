@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..stats import mean_rate, speedup
-from ..files import atomic_write
-from ..schema import check_object, check_value, fail
-from ..trace import Trace, read_trace
+from ...records.stats import mean_rate, speedup
+from ...records.files import atomic_write
+from ...records.schema import check_object, check_value, fail
+from ...records.trace import Trace, read_trace
 
 SPEC_BENCH_DIR = "spec-bench"  # under the bench's --out
 # What every method of one export must share: its answers are compared question by question.
@@ -230,7 +230,7 @@ def check_answer(obj: object, path: Path, what: str) -> dict:
 
 def mean_speed(answers: list[dict]) -> float:
     """Spec-Bench's score of a method: the mean over questions of the question's tokens (new_tokens) over
-    its wall time (eagle.stats.mean_rate)."""
+    its wall time (eagle.records.stats.mean_rate)."""
     return mean_rate((sum(a["choices"][0]["new_tokens"]), sum(a["choices"][0]["wall_time"])) for a in answers)
 
 

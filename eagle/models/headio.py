@@ -1,5 +1,6 @@
-"""The EAGLE-1/2 draft head: fc over [embedding ; feature], one decoder layer without input norm,
-and the target's own lm_head. Loads and saves the official checkpoint layout."""
+"""Draft-head checkpoints: reading one in any public layout (eagle.models.layouts) into its module with
+every config field and tensor checked, the token counts beside it, saving, the head's identity (the
+hash a trace and a resume record), the heads shipped with the package and finding a head by name."""
 from __future__ import annotations
 
 import hashlib
@@ -13,16 +14,15 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .files import atomic_write
-from .head3 import DraftAttention, Eagle3Head, attention_inputs, top_token_ids
-from .kvcache import ChainKeys, KVCache
-from .layouts import EAGLE, EAGLE3, INPUT, LABELS, LAST, Checkpoint, HeadLayout, HeadLayoutError, read_checkpoint
-from .layouts import eagle3_feature_layers, read_tensors, write_checkpoint
-from .resources import resource_path
-from .schema import FileFormatError, is_kind
-from .target import hub_offline, looks_like_path, with_legacy_keys
+from ..records.files import atomic_write
+from ..records.schema import FileFormatError, is_kind
+from ..resources import resource_path
+from .head import AnyHead, DraftHead, new_head
+from .head3 import Eagle3Head
+from .layouts import EAGLE, EAGLE3, LABELS, Checkpoint, HeadLayoutError, read_checkpoint, read_tensors, \
+    write_checkpoint
+from .location import hub_offline, looks_like_path
 
 COUNTS_FILE = "token_counts.safetensors"  # our addition: token frequencies for the reduced draft vocabulary
 HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target name
@@ -30,101 +30,6 @@ HEADS_DIR = resource_path("heads")  # heads shipped with the package, by target 
 
 class HeadMismatchError(FileFormatError):
     """A draft head does not fit its target (vocabulary or hidden size) or its weights its config.json."""
-
-
-def head_config_from_target(target_config, **overrides) -> LlamaConfig:
-    """A one-layer Llama config with the target's sizes (the shape of a new head for that target);
-    an override of None drops the field."""
-    c = target_config
-    fields = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                  num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                  rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-                  rope_theta=_rope_theta(c), pad_token_id=c.pad_token_id, num_hidden_layers=1, bias=True)
-    fields.update(overrides)
-    return LlamaConfig(**{k: v for k, v in fields.items() if v is not None})  # None: leave it out
-
-
-def _rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-class DraftLayer(nn.Module):
-    """A Llama decoder layer whose input RMSNorm is skipped (the fc output feeds attention directly);
-    q/k/v carry biases when the config says qkv_bias (EAGLE-Qwen2 heads)."""
-
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.self_attn = DraftAttention(config, config.hidden_size, bool(getattr(config, "qkv_bias", False)))
-        self.mlp = LlamaMLP(config)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None, cache) -> torch.Tensor:
-        x = x + self.self_attn(x, rope, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DraftHead(nn.Module):
-    """forward returns the predicted next feature (B, T, H), which the target's lm_head scores and
-    later draft steps are fed."""
-    kind = "eagle1"  # the EAGLE-1/2 layout (EAGLE-2 changed the tree, not the head)
-    feature_layers = None  # drafts from the target's post-norm last hidden state (Target.forward's default)
-    layout: HeadLayout | None = None  # the layout it was read from or made in (load_head, new_head)
-
-    def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding | None = None) -> None:
-        super().__init__()
-        self.config = config
-        h = config.hidden_size
-        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, h, config.pad_token_id)
-        self.embed_tokens.requires_grad_(False)  # a frozen copy of the target's embedding
-        self.fc = nn.Linear(2 * h, h, bias=getattr(config, "bias", True))
-        self.layers = nn.ModuleList([DraftLayer(config)])
-        self.rotary_emb = LlamaRotaryEmbedding(config)
-        # Token frequencies from the training data, for the reduced draft vocabulary (0 = unknown).
-        self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long), persistent=False)
-
-    def new_cache(self, max_len: int) -> KVCache:
-        p = self.fc.weight
-        return KVCache(1, self.config.num_key_value_heads, self.config.head_dim, max_len, p.device, p.dtype)
-
-    def _fuse(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """fc([embed(x_{t+1}) ; f_t]): (B, T) ids and (B, T, H) features -> (B, T, H)."""
-        return self.fc(torch.cat([self.embed_tokens(token_ids), features.to(self.fc.weight.dtype)], dim=-1))
-
-    def forward(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: KVCache | None = None, start: int = 0,
-                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """token_ids (B, T): x_{t+1}; features (B, T, H): f_t; returns predicted f_{t+1} (B, T, H)."""
-        x = self._fuse(token_ids, features)
-        mask, writer = attention_inputs(cache, start, token_ids.shape[1], tree_mask, x.device)
-        return self.layers[0](x, self.rotary_emb(x, positions), mask, writer)
-
-    def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                   chain: "ChainKeys") -> torch.Tensor:
-        """One step of an unrolled draft chain (training-time test), all T positions at once:
-        (B, T) ids, (B, T, H) features, (B, T) positions -> (B, T, H); see ChainKeys for the mask."""
-        x = self._fuse(token_ids, features)
-        mask = chain.mask(token_ids.shape[1], x.device)
-        return self.layers[0](x, self.rotary_emb(x, positions), mask, chain)
-
-    def logit_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden  # already a post-norm feature: the target's lm_head scores it directly
-
-    def draft_vocab(self, lm_head_weight: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The target ids of the draft vocabulary (None: all, in order) and the lm_head rows scoring
-        it: the target's own (V, H)."""
-        return None, lm_head_weight
-
-    def draft_vocab_ids(self, k: int) -> torch.Tensor | None:
-        """The k most frequent token ids (None when k is 0, >= vocab, or no counts are stored)."""
-        ids = top_token_ids(self.token_counts, k)
-        return None if ids is None else ids.to(self.fc.weight.device)
-
-
-AnyHead = DraftHead | Eagle3Head  # the two head layouts the drafter and the trainer take
-HEAD_KINDS = (DraftHead.kind, Eagle3Head.kind)  # eagle1: EAGLE-1/2 layout; eagle3: EAGLE-3 layout
 
 
 def check_head_matches(config: LlamaConfig, target_config, source: str | Path) -> None:
@@ -140,7 +45,7 @@ def check_head_matches(config: LlamaConfig, target_config, source: str | Path) -
 
 
 def head_config(fields: dict, file: Path) -> LlamaConfig:
-    """A head's config fields (eagle.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
+    """A head's config fields (eagle.models.layouts.Checkpoint.fields) as a one-layer LlamaConfig; one
     sentence naming the file when its sizes cannot make attention heads or transformers refuses it."""
     _check_head_sizes(fields, file)
     _check_head_numbers(fields, file)
@@ -197,7 +102,7 @@ def _check_head_sizes(fields: dict, file: Path) -> None:
 
 
 def read_head(path: str | Path, target_config=None) -> tuple[Checkpoint, LlamaConfig]:
-    """A head directory in any layout eagle.layouts reads, its config built (and matched to the target's
+    """A head directory in any layout eagle.models.layouts reads, its config built (and matched to the target's
     when given: that sentence says more than a shape) and every tensor checked by name and shape against
     the module it will load into (built on the meta device: no memory)."""
     ckpt = read_checkpoint(path)
@@ -239,7 +144,7 @@ def _check_tensors(head: AnyHead, ckpt: Checkpoint) -> None:
 
 
 def load_head(path: str | Path, target=None) -> AnyHead:
-    """Load a head directory in any public layout (eagle.layouts: official EAGLE-1/2 and EAGLE-3,
+    """Load a head directory in any public layout (eagle.models.layouts: official EAGLE-1/2 and EAGLE-3,
     SpecForge, vLLM speculators); its layer ids become Target.forward's feature_layers and the layout
     is kept as head.layout. Without `embed_tokens` in the file, the target's embedding is shared
     (target is then required, as it is for an EAGLE-3 head that records no layer ids)."""
@@ -307,7 +212,7 @@ def head_sha256(head: AnyHead) -> str:
 
 def head_identity(head: AnyHead | None) -> dict[str, str | dict | None]:
     """What a trace header records of the head: its type, version (head_sha256) and the layout it was
-    read from with its layer-id convention (eagle.layouts.HeadLayout.describe); None without one."""
+    read from with its layer-id convention (eagle.models.layouts.HeadLayout.describe); None without one."""
     if head is None:
         return {"head_type": None, "head_version": None, "head_layout": None}
     layout = head.layout.describe() if head.layout is not None else None
@@ -317,9 +222,9 @@ def head_identity(head: AnyHead | None) -> dict[str, str | dict | None]:
 def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
               dtype: torch.dtype = torch.float16, fmt: str | None = None) -> None:
     """Save in a public layout (default: official EAGLE-1/2 for an EAGLE-1/2 head, SpecForge's EAGLE-3,
-    which SGLang loads, for an EAGLE-3 head; fmt: any of eagle.layouts.FORMATS that fits). No rotary
+    which SGLang loads, for an EAGLE-3 head; fmt: any of eagle.models.layouts.FORMATS that fits). No rotary
     buffers; embed_tokens only when asked; d2t/t2d keep their integer and bool types. Each file is
-    replaced atomically (eagle.files), so a crash or a concurrent save never leaves a torn file."""
+    replaced atomically (eagle.records.files), so a crash or a concurrent save never leaves a torn file."""
     path = Path(path)
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
              for k, v in head.state_dict().items() if include_embedding or not k.startswith("embed_tokens.")}
@@ -328,36 +233,6 @@ def save_head(head: AnyHead, path: str | Path, include_embedding: bool = False,
     if int(head.token_counts.sum()) > 0:
         counts = {"token_counts": head.token_counts.cpu()}
         atomic_write(path / COUNTS_FILE, save(counts))
-
-
-def new_head(target, seed: int = 0, kind: str = "eagle1", draft_ids: torch.Tensor | None = None) -> AnyHead:
-    """A freshly initialised head for `target`, sharing its embedding: EAGLE-1/2 (kind "eagle1") or
-    EAGLE-3 ("eagle3", over the draft vocabulary `draft_ids`, ascending target ids; None = all)."""
-    if kind not in HEAD_KINDS:
-        raise ValueError(f"unknown head type {kind!r}: choose from {', '.join(HEAD_KINDS)}")
-    torch.manual_seed(seed)
-    embed = target.model.model.embed_tokens
-    if kind == "eagle1":
-        head = DraftHead(head_config_from_target(target.config), embed)
-        head.layout = HeadLayout("new", LAST)
-    else:
-        k = target.config.vocab_size if draft_ids is None else draft_ids.numel()
-        config = head_config_from_target(target.config, bias=None, draft_vocab_size=k)
-        head = Eagle3Head(config, eagle3_feature_layers(target.config.num_hidden_layers), embed)
-        head.layout = HeadLayout("new", INPUT, head.feature_layers)
-    head.apply(lambda m: _init_linear(m, target.config.initializer_range))
-    if draft_ids is not None:
-        if kind != "eagle3":
-            raise ValueError("draft_ids: only an EAGLE-3 head has its own draft vocabulary")
-        head.set_draft_vocab(draft_ids)
-    return head.to(device=target.device, dtype=target.dtype).eval()
-
-
-def _init_linear(module: nn.Module, std: float) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
 
 
 def shipped_head_path(target_name: str) -> Path | None:

@@ -45,9 +45,9 @@ class DecodeConfig:
     top_k: int = 10  # children per expanded node and beam width
     # Reduced draft vocabulary: score only the K most frequent tokens (0 = the full vocabulary).
     draft_vocab: int = 0
-    # A prompt-lookup branch of up to this many tokens beside the head's tree (eagle.lookup; greedy
+    # A prompt-lookup branch of up to this many tokens beside the head's tree (eagle.core.lookup; greedy
     # dynamic decoding only). 0 = off; -1 = the budget policy decides (eagle.tools.session: on, at
-    # eagle.lookup.LOOKUP_TOKENS, under the auto and adaptive budgets when greedy; off otherwise).
+    # eagle.core.lookup.LOOKUP_TOKENS, under the auto and adaptive budgets when greedy; off otherwise).
     lookup_tokens: int = -1
 
     def validate(self, limits: ModelLimits | None = None) -> "DecodeConfig":

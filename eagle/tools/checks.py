@@ -1,7 +1,7 @@
 """Checks of a command's input that need no model, run before one loads (a bad flag costs no
 loading time) and before anything is written: argv encoding, output paths, --seed, --device and the
 range of every numeric flag (FLAG_RANGES). Shared by the CLI, bench and train, each of which runs
-inside eagle.files.run_guarded."""
+inside eagle.records.files.run_guarded."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,8 @@ from typing import Callable, NoReturn
 
 import torch
 
-from .config import SEED_MAX, TEMPERATURE_MAX, SettingError
-from .target import parse_device
+from ..core.config import SEED_MAX, TEMPERATURE_MAX, SettingError
+from ..models.precision import parse_device
 
 # The range of each numeric flag, by argparse dest: (least, greatest or None for no bound). One table
 # for every command, so a flag two commands share (--batch, --vocab-k) has one range; 0 is allowed

@@ -15,7 +15,7 @@ of layer i, i.e. the input of layer i + 1; at the top level of a speculators con
 INPUT of layer i, as Target.forward's feature_layers are (HF hidden_states[i]). Without ids an EAGLE-3
 head drafts from the inputs of layers 2, L//2 and L-3 (the paper's; SpecForge writes them [1, L//2-1, L-4]).
 
-Everything here works on plain dicts and tensors; eagle.head builds the modules (and checks every
+Everything here works on plain dicts and tensors; eagle.models.head builds the modules (and checks every
 tensor name and shape against them)."""
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from .files import atomic_write, atomic_write_json, read_json_object
-from .schema import FileFormatError
-from .target import with_legacy_keys
+from ..records.files import atomic_write, atomic_write_json, read_json_object
+from ..records.schema import FileFormatError
+from .conversion import with_legacy_keys
 
 EAGLE, EAGLE3, SPECFORGE, SPECULATORS = "eagle", "eagle3", "specforge", "speculators"
 FORMATS = (EAGLE3, SPECULATORS, EAGLE)  # what export-head writes
@@ -286,7 +286,7 @@ def write_checkpoint(out: str | Path, fmt: str, config: dict, state: dict[str, t
     """Write a head in layout `fmt` (eagle, eagle3 or speculators): config is its LlamaConfig's fields,
     state its tensors in this repo's names (dtypes kept), feature_layers in Target.forward's convention
     (None: EAGLE-1/2, or an EAGLE-3 head on the paper's default layers, which then records none).
-    Weights first, config.json last, each replaced atomically (eagle.files)."""
+    Weights first, config.json last, each replaced atomically (eagle.records.files)."""
     out = Path(out)
     kind = "eagle3" if any(k.startswith("midlayer.") for k in state) else "eagle1"
     if fmt not in FORMATS:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .resources import resource_path
+from ..resources import resource_path
 
 DEFAULT_STATIC_TREE = resource_path("eagle1_mc_sim_7b_63.json")
 

@@ -2,7 +2,7 @@
 
 Each reader checks its file once, where it opens it, with these helpers, and a malformed file becomes
 a FileFormatError naming the file and the field in one sentence. FileFormatError is a ValueError, so
-the command boundary (eagle.files.run_guarded) turns it into exit code 2, the notebook API lets it
+the command boundary (eagle.records.files.run_guarded) turns it into exit code 2, the notebook API lets it
 through as is and the dashboard shows it in an error box. Readers of caches catch it and measure again;
 readers of line files (traces, open.jsonl) skip and count the bad line instead."""
 from __future__ import annotations

@@ -7,9 +7,9 @@ from typing import Callable
 
 import torch
 
-from .head import DraftHead, top_token_ids
-from .head3 import Eagle3Head
-from .kvcache import KVCache
+from ..models.head import DraftHead
+from ..models.head3 import Eagle3Head, top_token_ids
+from ..models.kvcache import KVCache
 from .tree import ancestor_mask, select_frontier, topk_children
 from .verify import sample_children_without_replacement
 

@@ -11,9 +11,13 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from .checks import check_ranges, check_seed
-from .config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError
-from .head import AnyHead, locate_head, resolve_head
-from .target import DEFAULT_MODEL, DTYPE_CHOICES, Target, load_target, locate_model, looks_like_path, parse_device
+from ..core.config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError
+from ..models.head import AnyHead
+from ..models.headio import locate_head, resolve_head
+from ..models.loader import load_target
+from ..models.location import DEFAULT_MODEL, locate_model, looks_like_path
+from ..models.precision import DTYPE_CHOICES, parse_device
+from ..models.target import Target
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
   --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .target import Target
+from ..models.target import Target
 
 # Measured on SmolLM2-135M-Instruct in bf16 (8 MT-bench prompts x 41 greedy positions, 2026-12-03):
 # the top-2 logit gap of a one-token forward and of the same position inside an 8-token causal

@@ -8,7 +8,7 @@ one Decoder runs any number of generations, even interleaved.
 Public surface (what eagle/tools/, the app and notebooks may import; the rest is internal):
     Decoder, DecodeState, generate, Generation   decoding and its result
     encode_prompt, check_prompt, PromptError     the prompt: chat template and the one length check
-    TokenTexts                                   memoised token id -> label (eagle.detok.token_text)
+    TokenTexts                                   memoised token id -> label (eagle.core.detok.token_text)
     new_drafter (-> Drafter)                     the draft head and its cache, as a round uses them
     draft_round                                  one dynamic round's drafting, as the Decoder runs it
 """
@@ -24,13 +24,13 @@ from .adaptive import RoundCosts, best_tree_size
 from .config import DecodeConfig, SettingError
 from .detok import TextWindow, next_text, token_text
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
-from .head import DraftHead
-from .kvcache import KVCache
+from ..models.head import DraftHead
+from ..models.kvcache import KVCache
+from ..records.stats import tau, tokens_per_second
+from ..models.target import Target
+from ..records.timing import PhaseClock
+from ..records.trace import NodeRecord, StepRecord
 from .lookup import ContextTokens, find_continuation, next_length
-from .stats import tau, tokens_per_second
-from .target import Target
-from .timing import PhaseClock
-from .trace import NodeRecord, StepRecord
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
 from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
 
@@ -57,7 +57,7 @@ class Round:
 
 
 class TokenTexts:
-    """Memoised token id -> label (eagle.detok.token_text: a partial character shows as its bytes),
+    """Memoised token id -> label (eagle.core.detok.token_text: a partial character shows as its bytes),
     so traces stay cheap in the hot loop."""
 
     def __init__(self, tokenizer) -> None:
@@ -108,9 +108,9 @@ class DecodeState:
     root: int = -1  # the last token the target produced: the next round's tree root
     produced: int = 0  # new tokens so far
     step: int = 0  # the next record's step number
-    text: TextWindow = field(default_factory=TextWindow)  # the reply's text so far (eagle.detok.next_text)
+    text: TextWindow = field(default_factory=TextWindow)  # the reply's text so far (eagle.core.detok.next_text)
     context: ContextTokens | None = None  # prompt + reply so far, for the prompt-lookup branch (None: off)
-    lookup_len: int = 0  # the next prompt-lookup branch's length (eagle.lookup.next_length)
+    lookup_len: int = 0  # the next prompt-lookup branch's length (eagle.core.lookup.next_length)
 
     def advance(self, record: StepRecord) -> None:
         """After a record: its bonus token is the next root, its tokens count as produced."""
@@ -123,7 +123,7 @@ class DecodeState:
 class Decoder:
     """Target + optional draft head + config; `steps(prompt_ids)` yields one StepRecord per round.
     With `costs` (dynamic mode only), each round verifies as many of its best candidates as pay for
-    themselves, up to config.total_tokens (see eagle.adaptive). The Decoder holds no per-generation
+    themselves, up to config.total_tokens (see eagle.core.adaptive). The Decoder holds no per-generation
     state (that is a DecodeState, made by `steps`)."""
 
     def __init__(self, target: Target, head: DraftHead | None, config: DecodeConfig,
@@ -437,12 +437,12 @@ class Generation:
 
     @property
     def tau(self) -> float:
-        """New tokens per target forward pass (the prefill counts as one; eagle.stats.tau)."""
+        """New tokens per target forward pass (the prefill counts as one; eagle.records.stats.tau)."""
         return tau(len(self.tokens), self.target_forwards)
 
     @property
     def tokens_per_second(self) -> float:
-        """New tokens over the generation's wall-clock seconds (eagle.stats.tokens_per_second)."""
+        """New tokens over the generation's wall-clock seconds (eagle.records.stats.tokens_per_second)."""
         return tokens_per_second(len(self.tokens), self.seconds)
 
 

@@ -1,0 +1,62 @@
+"""load_target: the embedded default, a Hugging Face id or a local directory, checked from its config
+before the weights load, on its device and at its precision."""
+from __future__ import annotations
+
+import torch
+
+from .conversion import resolve_model_path
+from .location import DEFAULT_MODEL, ModelLoadError, locate_model
+from .precision import DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
+from .target import Target
+
+
+def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
+                dtype: DtypeSpec = None) -> Target:
+    """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
+    dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    dev = parse_device(device)
+    chosen = parse_dtype(dtype, dev)
+    path, offline = locate_model(resolve_model_path(name_or_path))
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=offline)
+        check_architecture(config, name_or_path)  # before the weights take time to load
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=chosen or torch.float32,
+                                                     attn_implementation=attention_for(config),
+                                                     local_files_only=offline)
+    except (OSError, ValueError, StrictDataclassError) as err:  # the last: transformers' config validation
+        raise ModelLoadError(f"Could not load model {name_or_path!r}: {' '.join(str(err).split())}") from err
+    base = getattr(model, "model", None)
+    if not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        raise ModelLoadError(f"{name_or_path!r} is not a Llama-family causal LM "
+                             "(needs model.embed_tokens, layers, norm and rotary_emb).")
+    model.to(dev).eval().requires_grad_(False)
+    target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
+    if chosen is None:  # "auto" on a CPU: time both, keep the faster
+        target.dtype_report = choose_cpu_dtype(target)
+        if target.dtype_report["chosen"] != "float32":
+            model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
+    return target
+
+
+def check_architecture(config, name: str) -> None:
+    """Refuse, before loading, a checkpoint whose attention the lean forward cannot reproduce."""
+    if getattr(config, "text_config", None) is not None:
+        raise ModelLoadError(f"{name!r} is a multimodal checkpoint ({config.model_type}, with a text_config): "
+                             "give a text-only causal LM (e.g. a Gemma3ForCausalLM checkpoint).")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelLoadError(f"{name!r} has use_bidirectional_attention set: it is an encoder, not a causal LM.")
+
+
+def attention_for(config) -> str:
+    """SDPA, unless the model softcaps its attention scores (Gemma2; SDPA has no softcap and transformers
+    refuses it) or its class has no SDPA path: then eager, which applies the softcap."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        sdpa = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]._supports_sdpa
+    except KeyError:  # transformers will name what it does not know
+        sdpa = True
+    return "eager" if getattr(config, "attn_logit_softcapping", None) is not None or not sdpa else "sdpa"
+

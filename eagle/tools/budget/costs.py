@@ -1,0 +1,329 @@
+"""What a round costs on this machine: verify t(n) over several context lengths, drafting per
+(top_k, vocabulary) linear in depth, the per-round overhead and the prefill, measured with the decoder's
+own functions in interleaved probes and cached per machine key; and the host terms, what a real
+decode spends beyond the probes. Also the grid every budget search covers."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...core.adaptive import interpolate
+from ...core.config import DecodeConfig
+from ...core.decode import Decoder, Drafter, TokenTexts, draft_round, generate, new_drafter
+from ...models.head import AnyHead, DraftHead
+from ...models.location import cache_dir
+from ...models.precision import device_name
+from ...models.target import Target
+from ...records.files import atomic_write_json, read_json_or_none
+from ...records.schema import FileFormatError, check_object, check_value, fail, is_kind
+from ...records.timing import time_interleaved
+
+# Dense at small n: on the 2-core CPU, MKL's fp32 matmul costs about the same for 1-3 rows and steps up
+# at 4 (t(3) = 83 ms, t(4) = 108), a step that interpolation between sparse points would hide.
+NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+TOP_KS = (1, 2, 4, 6, 8, 10)
+VOCABS = (0, 32768, 16384, 8192, 4096)
+CAL_DEPTH, CAL_TOP_K, CAL_TOTAL = 7, 10, 64  # the calibration tree: covers every budget searched
+# Depth 0 drafts the root's children and stops: for the tiny CPU trees it saves a head forward a round.
+DEPTHS = tuple(range(0, CAL_DEPTH + 1))
+PREFIX_LEN = 192  # a typical MT-bench prefix mid-answer (prompt ~60-120 tokens + part of the answer)
+DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then taken as linear in depth
+# Verify is also timed over these prefixes: a 700-900-token summarisation prompt makes every tree token
+# dearer than MT-bench's ~200, and a budget tuned at 192 alone ran at 0.82x vanilla there.
+CONTEXTS = (PREFIX_LEN, 768, 2048)
+PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
+HOST_TOKENS = 32  # tokens decoded (twice: the first run warms up) to measure the host terms
+COSTS_VERSION = 3
+BUDGET_KEYS = ("total_tokens", "depth", "top_k", "draft_vocab")  # the fields of DecodeConfig a budget sets
+
+
+# ---- measured costs ---------------------------------------------------------------------------
+@dataclass
+class Costs:
+    key: str
+    verify: dict[int, float]  # n tree tokens -> seconds (forward over a PREFIX_LEN prefix + softmax)
+    draft: dict[str, tuple[float, float]]  # "top_k/vocab" -> (base s, s per expansion)
+    overhead: float  # per round: the draft head consumes the accepted tokens, the KV cache commits
+    meta: dict = field(default_factory=dict)
+    # context length -> {n -> seconds}: verify over longer prefixes (attention grows with the context)
+    verify_by_context: dict[int, dict[int, float]] = field(default_factory=dict)
+    prefill: dict[int, float] = field(default_factory=dict)  # prompt tokens -> s (target forward + draft consume)
+    host_tree: float = 0.0  # s per drafted round that a real decode spends beyond the probes (host_terms)
+    host_plain: float = 0.0  # the same per plain-decoding round
+
+    def t_verify(self, n: int, context: int | None = None) -> float:
+        """Piecewise-linear in n (and in the context length, when measured at several)."""
+        if context is None or len(self.verify_by_context) < 2:
+            return interpolate(self.verify, n)
+        return interpolate({c: interpolate(t, n) for c, t in self.verify_by_context.items()}, context)
+
+    def t_draft(self, depth: int, top_k: int, vocab: int = 0) -> float:
+        base, step = self.draft[f"{top_k}/{vocab}"]
+        return base + depth * step
+
+    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0, context: int | None = None) -> float:
+        """Seconds per round; a 1-node tree is plain decoding (no draft)."""
+        if n == 1:
+            return self.t_plain(context)
+        round_s = self.t_verify(n, context) + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+        return max(round_s, 0.5 * self.t_verify(n, context))  # a negative host term: a sanity floor
+
+    def t_plain(self, context: int | None = None) -> float:
+        """Seconds per token of plain decoding."""
+        return max(self.t_verify(1, context) + self.host_plain, 0.5 * self.t_verify(1, context))
+
+    def t_prefill(self, prompt_tokens: int) -> float:
+        return interpolate(self.prefill, prompt_tokens) if self.prefill else 0.0
+
+    def to_json(self) -> dict:
+        by_context = {str(c): {str(n): t for n, t in v.items()} for c, v in self.verify_by_context.items()}
+        return {"version": COSTS_VERSION, **asdict(self), "verify": {str(k): v for k, v in self.verify.items()},
+                "verify_by_context": by_context, "prefill": {str(k): v for k, v in self.prefill.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Costs":
+        by_context = {int(c): {int(n): float(t) for n, t in v.items()} for c, v in d.get("verify_by_context", {}).items()}
+        return cls(d["key"], {int(k): float(v) for k, v in d["verify"].items()},
+                   {k: (float(v[0]), float(v[1])) for k, v in d["draft"].items()}, float(d["overhead"]),
+                   d.get("meta", {}), by_context, {int(k): float(v) for k, v in d.get("prefill", {}).items()},
+                   float(d.get("host_tree", 0.0)), float(d.get("host_plain", 0.0)))
+
+    def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...],
+               contexts: tuple[int, ...] = ()) -> bool:
+        return set(ns) <= set(self.verify) and all(f"{k}/{v}" in self.draft for k in top_ks for v in vocabs) \
+            and set(contexts) <= set(self.verify_by_context)
+
+
+def cost_key(target: Target, head: AnyHead) -> str:
+    """Costs are the machine's, the target's and the head's shape: every EAGLE-1/2 head of a target
+    drafts at the same cost; an EAGLE-3 head's cost is its own vocabulary's width."""
+    shape = "eagle1" if isinstance(head, DraftHead) else f"eagle3-{head.d2t.numel()}"
+    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|{shape}"
+
+
+def cost_path(key: str) -> Path:
+    return cache_dir() / "costs" / (re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)[:180] + ".json")
+
+
+def load_costs(key: str) -> Costs | None:
+    """The cached costs of `key`, or None (measured again) when missing, stale or malformed."""
+    path = cost_path(key)
+    d = read_json_or_none(path)
+    if d is None or d.get("version") != COSTS_VERSION or d.get("key") != key:
+        return None
+    try:
+        return Costs.from_json(check_costs(d, path))
+    except FileFormatError:
+        return None
+
+
+COSTS_KINDS = {"version": "int", "key": "str", "verify": "dict", "draft": "dict", "overhead": "nonneg"}
+# the host terms are signed: a real round may cost less than the probes' sum (a probe runs cold where a
+# decode reuses a warm buffer), and the model then subtracts the difference
+COSTS_OPTIONAL = {"meta": "dict", "verify_by_context": "dict", "prefill": "dict", "host_tree": "num",
+                  "host_plain": "num"}
+
+
+def check_costs(d: dict, path: str | Path, what: str = "costs") -> dict:
+    """A cost cache: seconds >= 0 by token count (verify, prefill, verify over each context), and
+    (base, per expansion) seconds by "top_k/vocab" (draft)."""
+    check_object(d, path, what, COSTS_KINDS, COSTS_OPTIONAL)
+    check_seconds(d["verify"], path, f"{what} field 'verify'")
+    check_seconds(d.get("prefill", {}), path, f"{what} field 'prefill'", empty=True)
+    for context, by_n in d.get("verify_by_context", {}).items():
+        _check_count(context, path, f"{what} field 'verify_by_context'")
+        check_value(by_n, path, f"{what} field 'verify_by_context' {context!r}", "dict")
+        check_seconds(by_n, path, f"{what} field 'verify_by_context' {context!r}")
+    for shape, pair in d["draft"].items():
+        if not re.fullmatch(r"[0-9]+/[0-9]+", shape):
+            fail(path, f"{what} field 'draft'", f"has the key {shape!r:.40}, not top_k/vocab")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_kind(v, "nonneg") for v in pair)):
+            fail(path, f"{what} field 'draft' {shape!r}", f"is {pair!r:.40}, not two seconds >= 0")
+    return d
+
+
+def _check_count(key: str, path: str | Path, field: str) -> int:
+    if not (key.isdigit() and key.isascii() and int(key) > 0):
+        fail(path, field, f"has the key {key!r:.40}, not a token count")
+    return int(key)
+
+
+def check_seconds(by_n: dict, path: str | Path, field: str, empty: bool = False) -> None:
+    if not by_n and not empty:
+        fail(path, field, "is empty (no time measured)")
+    for n, seconds in by_n.items():
+        _check_count(n, path, field)
+        check_value(seconds, path, f"{field} {n!r}", "nonneg")
+
+
+def save_costs(costs: Costs) -> Path:
+    path = cost_path(costs.key)
+    atomic_write_json(path, costs.to_json(), indent=1)
+    return path
+
+
+class _Probe:
+    """A prefix in the target's and the draft's caches, to time rounds at a realistic length."""
+
+    def __init__(self, target: Target, head: AnyHead, prefix_len: int, max_n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        vocab = int(target.config.vocab_size)
+        ids = torch.randint(0, vocab, (1, prefix_len), generator=g).to(target.device)
+        self.target, self.head, self.prefix_len = target, head, prefix_len
+        self.cache = target.new_cache(prefix_len + max_n + 8)
+        _, self.features = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], self.cache, 0,
+                                          logits_rows=slice(-1, None), feature_layers=head.feature_layers)
+        self.cache.length = prefix_len
+        self.ids, self.texts = ids[0], TokenTexts(target.tokenizer)
+
+    def verify(self, n: int) -> Callable[[], None]:
+        tokens = self.ids[:n][None]
+        positions = (self.prefix_len + torch.arange(n, device=tokens.device))[None]
+        mask = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_()
+
+        def run() -> None:
+            logits, _ = self.target.forward(tokens, positions, self.cache, self.prefix_len, mask if n > 1 else None)
+            torch.softmax(logits[0].float(), dim=-1)  # the decoder's acceptance computes this too
+        return run
+
+    def drafter(self, top_k: int, vocab: int, depth: int) -> tuple[Drafter, torch.Tensor]:
+        # stand_in: a head without token counts (a random head) cannot pick its subset, but the cost
+        # depends only on the subset's size, so the first `vocab` ids stand in
+        d = new_drafter(self.target, self.head, self.prefix_len + depth * top_k + 8, vocab, stand_in=True)
+        root_hidden = d.consume(self.ids[1:], self.features[0, :-1])
+        return d, root_hidden
+
+    def draft(self, top_k: int, vocab: int, depth: int) -> Callable[[], None]:
+        drafter, root_hidden = self.drafter(top_k, vocab, depth)
+
+        def run() -> None:
+            with torch.inference_mode():  # a 16-node tree (rerank keeps at most the drafted candidates)
+                draft_round(drafter, root_hidden, int(self.ids[0]), depth, top_k, 16, self.texts)
+        return run
+
+    def prefill(self, p: int) -> Callable[[], None]:
+        """A prompt of p tokens from empty caches: the target's forward and the draft head's consume."""
+        ids, cache = self.ids[:p], self.target.new_cache(p + 1)
+        positions = torch.arange(p, device=ids.device)[None]
+        drafter = new_drafter(self.target, self.head, p + 1)
+
+        def run() -> None:
+            cache.length = drafter.cache.length = 0
+            _, features = self.target.forward(ids[None], positions, cache, 0, logits_rows=slice(-1, None),
+                                              feature_layers=self.head.feature_layers)
+            drafter.consume(ids[1:], features[0, :-1])
+        return run
+
+    def overhead(self) -> Callable[[], None]:
+        drafter, _ = self.drafter(1, 0, 1)
+        start = drafter.cache.length
+
+        def run() -> None:  # a typical round commits ~3 tokens
+            drafter.cache.length = start
+            drafter.consume(self.ids[:3], self.features[0, :3])
+            self.cache.commit(torch.arange(self.prefix_len, self.prefix_len + 3, device=self.ids.device))
+            self.cache.length = self.prefix_len
+        return run
+
+
+def _fitting_contexts(target: Target, contexts: tuple[int, ...], max_n: int) -> tuple[int, ...]:
+    """The context lengths whose probe fits in the model's context (a tiny test model has little)."""
+    return tuple(c for c in contexts if c + max_n + 8 <= target.max_context)
+
+
+def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[int, ...],
+             vocabs: tuple[int, ...], repeats: int, prefix_len: int, contexts: tuple[int, ...] = ()) -> Costs:
+    probe = _Probe(target, head, prefix_len, max(ns))
+    jobs = {f"v{n}": probe.verify(n) for n in ns}
+    longer = [c for c in _fitting_contexts(target, contexts, max(ns)) if c != prefix_len]
+    for c in longer:
+        long_probe = _Probe(target, head, c, max(ns))
+        jobs.update({f"v{n}@{c}": long_probe.verify(n) for n in ns})
+    for k in top_ks:
+        for v in vocabs:
+            jobs[f"d{k}/{v}@1"] = probe.draft(k, v, 1)
+            jobs[f"d{k}/{v}@{DEPTH_PROBE}"] = probe.draft(k, v, DEPTH_PROBE)
+    jobs["overhead"] = probe.overhead()
+    prefill_lens = sorted({min(p, prefix_len) for p in PREFILL_LENS})
+    jobs.update({f"p{p}": probe.prefill(p) for p in prefill_lens})
+    with torch.inference_mode():
+        t = time_interleaved(jobs, repeats, "measure costs")
+    draft = {}
+    for k in top_ks:
+        for v in vocabs:
+            t1, t4 = t[f"d{k}/{v}@1"], t[f"d{k}/{v}@{DEPTH_PROBE}"]
+            step = max(0.0, (t4 - t1) / (DEPTH_PROBE - 1))  # noise can make it negative for tiny models
+            draft[f"{k}/{v}"] = (max(0.0, t1 - step), step)
+    verify = {n: t[f"v{n}"] for n in ns}
+    by_context = {prefix_len: verify, **{c: {n: t[f"v{n}@{c}"] for n in ns} for c in longer}} if longer else {}
+    meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context,
+                 {p: t[f"p{p}"] for p in prefill_lens})
+
+
+STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
+
+
+def probe_t1(target: Target, head: AnyHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
+    """A quick (~1 s) timing of a one-token verify, to check a cached measurement against."""
+    probe = _Probe(target, head, prefix_len, 1)
+    with torch.inference_mode():
+        return time_interleaved({"v1": probe.verify(1)}, repeats, "check costs")["v1"]
+
+
+def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
+    """True when the cache is much slower than this machine is now: it was timed while other work
+    shared the cores, so its choice is wrong. The opposite (slower now) keeps the cache: the least
+    loaded measurement is the better reference."""
+    return cached_t1 > STALE_RATIO * fresh_t1
+
+
+def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
+                  vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
+                  refresh: bool = False, contexts: tuple[int, ...] = CONTEXTS) -> Costs:
+    """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
+    Keyed by model name, torch threads, device name, dtype and head shape (cost_key: every EAGLE-1/2
+    head of a target drafts at the same cost, an EAGLE-3 head at its own vocabulary's)."""
+    key = cost_key(target, head)
+    cached = None if refresh else load_costs(key)
+    fitting = _fitting_contexts(target, contexts, max(ns))
+    if cached is not None and cached.covers(ns, top_ks, vocabs, fitting if len(fitting) > 1 else ()) and \
+            not measured_under_load(cached.t_verify(1), probe_t1(target, head, prefix_len)):
+        return cached
+    costs = _measure(target, head, ns, top_ks, vocabs, repeats, prefix_len, contexts)
+    costs.meta["file"] = str(save_costs(costs))
+    return costs
+
+
+def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt_ids: list[int],
+               max_new_tokens: int = HOST_TOKENS) -> Costs:
+    """costs with host_tree and host_plain: the mean seconds per round that real decoding of the prompt
+    spends beyond the modelled round (probes time their parts in tight loops with warm caches; a real
+    round interleaves them with the target's forward and adds acceptance and record keeping). Measured
+    at the chosen tree and with plain decoding, each the second of two runs (the first warms up)."""
+    base = replace(costs, host_tree=0.0, host_plain=0.0)
+    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, **{k: chosen[k] for k in BUDGET_KEYS})
+    plain = tree.with_(mode="vanilla")
+    return replace(base, host_tree=_extra_per_round(target, head, base, tree, prompt_ids),
+                   host_plain=_extra_per_round(target, head, base, plain, prompt_ids))
+
+
+def _extra_per_round(target: Target, head: AnyHead, costs: Costs, cfg: DecodeConfig, prompt_ids: list[int]) -> float:
+    """Mean of (measured - modelled) seconds over the rounds of a decode, each modelled at its own tree
+    size and context length."""
+    steps = [generate(Decoder(target, head, cfg), prompt_ids) for _ in range(2)][-1].steps
+    context, extra = len(prompt_ids), []
+    for s in steps:
+        if s.step > 0:
+            n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
+            modelled = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context)
+            extra.append(sum(s.timings.values()) - modelled)
+        context += len(s.new_tokens)
+    return float(np.mean(extra)) if extra else 0.0
+
