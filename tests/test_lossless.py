@@ -15,6 +15,9 @@ def test_divergence_rules() -> None:
     assert is_precision_flip(torch.bfloat16, NEAR_TIE_LOGIT_GAP / 2)
     assert not is_precision_flip(torch.bfloat16, 2.0)  # a clear margin: a real bug
     assert not is_precision_flip(torch.float32, 0.01)  # fp32 must match exactly
+    # four ulps at the top logit's scale: bf16's spacing is 0.25 from 32 to 64, 0.125 from 16 to 32
+    assert is_precision_flip(torch.bfloat16, 0.5, 43.0) and not is_precision_flip(torch.bfloat16, 1.0, 43.0)
+    assert not is_precision_flip(torch.bfloat16, 0.5, 20.0) and not is_precision_flip(torch.float32, 0.5, 43.0)
 
 
 def test_logit_gap_is_the_vanilla_margin(target) -> None:

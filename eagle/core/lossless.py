@@ -8,6 +8,8 @@ margin at the first divergence, and `NEAR_TIE_LOGIT_GAP` is the bound below whic
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..models.target import Target
@@ -16,8 +18,12 @@ from ..models.target import Target
 # the top-2 logit gap of a one-token forward and of the same position inside an 8-token causal
 # forward differ by median 0.06, 95th percentile 0.25, max 0.375 logits. Logits there are 16-31,
 # where bf16's spacing is 0.125, so a gap is resolved only to ~0.25. A flip needs a gap below that
-# shape noise; 0.5 (four bf16 ulps at this scale, above every change measured) is the bound.
+# shape noise; 0.5 (four bf16 ulps at this scale, above every change measured) is the bound. Larger
+# logits have a coarser spacing (0.25 from 32 to 64: measured 2026-12-06, head v6 with the prompt-lookup
+# branch, MT-bench q122: a flip at 43.0 vs 42.5, two ulps there, with fp32 reproducing vanilla exactly),
+# so the bound is four ulps at the top logit's magnitude, never below 0.5.
 NEAR_TIE_LOGIT_GAP = 0.5
+ULPS = 4
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -61,6 +67,20 @@ def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], po
     return top2_at(target, prompt_ids, reference, position)[1]
 
 
-def is_precision_flip(dtype: torch.dtype, gap: float) -> bool:
-    """A divergence is tolerated only below fp32 and only at a near-tie."""
-    return dtype != torch.float32 and gap < NEAR_TIE_LOGIT_GAP
+def gap_and_top_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[float, float]:
+    """(top-2 logit gap, top logit) where another decoder parted from vanilla: is_precision_flip's inputs."""
+    top = logits_at(target, prompt_ids, reference, position).topk(2).values
+    return float(top[0] - top[1]), float(top[0])
+
+
+def near_tie_bound(dtype: torch.dtype, top_logit: float = 0.0) -> float:
+    """The largest top-2 gap a rounding difference can flip at this precision and logit magnitude."""
+    if dtype == torch.float32:
+        return 0.0
+    spacing = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(top_logit))) if top_logit else 0.0
+    return max(NEAR_TIE_LOGIT_GAP, ULPS * spacing)
+
+
+def is_precision_flip(dtype: torch.dtype, gap: float, top_logit: float = 0.0) -> bool:
+    """A divergence is tolerated only below fp32 and only at a near-tie (near_tie_bound)."""
+    return dtype != torch.float32 and gap < near_tie_bound(dtype, top_logit)

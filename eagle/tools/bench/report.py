@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from ...core.decode import encode_prompt
-from ...core.lossless import first_divergence, is_precision_flip, logit_gap_at
+from ...core.lossless import first_divergence, gap_and_top_at, is_precision_flip
 from ...records.files import atomic_write, read_json_object
 from ...records.markdown import markdown_table
 from ...records.schema import check_object
@@ -125,10 +125,10 @@ def divergences(results: list[Result], bench: Bench) -> list[dict]:
             continue
         target = bench.pair(spec).target
         ids = encode_prompt(target.tokenizer, r.messages, target.max_context)
-        gap = logit_gap_at(target, ids, ref, pos) if pos < len(ref) else math.nan
+        gap, top = gap_and_top_at(target, ids, ref, pos) if pos < len(ref) else (math.nan, math.nan)
         out.append({"mode": r.mode, "dtype": bench.dtype(spec), "question_id": r.question_id, "turn": r.turn,
-                    "position": pos, "top2_logit_gap": gap,
-                    "near_tie": is_precision_flip(target.dtype, gap) if not math.isnan(gap) else False})
+                    "position": pos, "top2_logit_gap": gap, "top_logit": top,
+                    "near_tie": is_precision_flip(target.dtype, gap, top) if not math.isnan(gap) else False})
     return out
 
 
