@@ -95,8 +95,9 @@ class AblationConfig:
 
     def tau_decode(self) -> DecodeConfig:
         total, depth, top_k = self.tau_tree
+        # the head's own tree, no prompt-lookup branch: the ablation compares heads
         return DecodeConfig(mode="dynamic", max_new_tokens=self.tau_max_new_tokens, total_tokens=total,
-                            depth=depth, top_k=top_k)
+                            depth=depth, top_k=top_k, lookup_tokens=0)
 
     def recipe(self, name: str) -> dict:
         """train_head's recipe overrides for one recipe."""
