@@ -391,8 +391,9 @@ def _trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[
     flat = torch.cat([t.double() for t in (*columns, rnd.node_probs)]).tolist()
     kept = [int(x) for x in flat[6 * m:6 * m + k]]
     node_probs = flat[6 * m + k:]
-    nodes = [root] + _draft_records(flat[:6 * m], m, kept, set(rnd.accepted), node_probs, texts)
-    nodes += _lookup_records(rnd, m, 1 + k, node_probs, texts)
+    accepted = set(rnd.accepted)
+    nodes = [root] + _draft_records(flat[:6 * m], m, kept, accepted, node_probs, texts)
+    nodes += _lookup_records(rnd, m, 1 + k, accepted, node_probs, texts)
     node_of_tree = [0] + [cid + 1 for cid in kept] + [m + 1 + j for j in range(len(rnd.lookup))]
     return nodes, [node_of_tree[i] for i in rnd.accepted]
 
@@ -413,10 +414,10 @@ def _draft_records(flat: list[float], m: int, kept: list[int], accepted: set[int
     return nodes
 
 
-def _lookup_records(rnd: Round, m: int, first: int, node_probs: list[float], texts: TokenTexts) -> list[NodeRecord]:
+def _lookup_records(rnd: Round, m: int, first: int, accepted: set[int], node_probs: list[float],
+                    texts: TokenTexts) -> list[NodeRecord]:
     """The prompt-lookup branch's nodes (tree indices first.., node ids m + 1..): a copy, not a draft, so
     confidence and value are 1 (the proposal is certain) and source says where they came from."""
-    accepted = set(rnd.accepted)
     return [NodeRecord(m + 1 + j, 0 if j == 0 else m + j, j + 1, tok, texts(tok), 1.0, 1.0, 0, kept=True,
                        accepted=first + j in accepted, target_prob=node_probs[first + j], source="lookup")
             for j, tok in enumerate(rnd.lookup)]

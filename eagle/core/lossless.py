@@ -37,8 +37,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def top2_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[list[int], float]:
     """The target's two best tokens for new token `position` of the greedy `reference` continuation
     and their logit gap (top-1 minus top-2), as vanilla decoding computes them."""
-    top = logits_at(target, prompt_ids, reference, position).topk(2)
+    top = _top2(target, prompt_ids, reference, position)
     return [int(i) for i in top.indices], float(top.values[0] - top.values[1])
+
+
+def _top2(target: Target, prompt_ids: list[int], reference: list[int], position: int):
+    """torch.topk's (values, indices) of vanilla's two best tokens at new token `position`."""
+    return logits_at(target, prompt_ids, reference, position).topk(2)
 
 
 def choice_gap_at(target: Target, prompt_ids: list[int], reference: list[int], position: int, token: int) -> float:
@@ -69,7 +74,7 @@ def logit_gap_at(target: Target, prompt_ids: list[int], reference: list[int], po
 
 def gap_and_top_at(target: Target, prompt_ids: list[int], reference: list[int], position: int) -> tuple[float, float]:
     """(top-2 logit gap, top logit) where another decoder parted from vanilla: is_precision_flip's inputs."""
-    top = logits_at(target, prompt_ids, reference, position).topk(2).values
+    top = _top2(target, prompt_ids, reference, position).values
     return float(top[0] - top[1]), float(top[0])
 
 
