@@ -81,6 +81,11 @@ def test_ablation_runs_resumes_and_draws(setup, monkeypatch, tmp_path):
 
     third = _spy(monkeypatch)
     assert run_ablation(target, cfg, progress=False)["points"] == points and third == []  # nothing left to do
+    moved = tmp_path / "moved-features"  # a clean clone or another machine: the same data at another path
+    Path(cfg.features).rename(moved)
+    again = run_ablation(target, AblationConfig(**{**cfg.__dict__, "features": str(moved)}), progress=False)
+    assert again["points"] == points and again["settings"]["features"] == str(moved.resolve()) and third == []
+    cfg = AblationConfig(**{**cfg.__dict__, "features": str(moved)})
     with pytest.raises(ValueError, match="steps=4 \\(this run: 5\\)"):
         run_ablation(target, AblationConfig(**{**cfg.__dict__, "steps": 5}), progress=False)
 

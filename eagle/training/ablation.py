@@ -155,14 +155,16 @@ def _load_results(path: Path, settings: dict, tau_settings: dict | None) -> dict
         return {"settings": settings, "tau_settings": tau_settings, "points": {}}
     old = read_json_object(path, fix=": delete it or use another --out")
     for k, v in settings.items():
-        if old.get("settings", {}).get(k) != v:
+        # the features' checksum says which data; their path may move (a clean clone, another machine)
+        if k != "features" and old.get("settings", {}).get(k) != v:
             raise ValueError(f"{path} holds an ablation run with {k}={old.get('settings', {}).get(k)!r} (this run: "
                              f"{v!r}): rerun with the same value or use another --out.")
     was = old.get("tau_settings")
     if tau_settings and was and was != tau_settings:
         raise ValueError(f"{path} holds MT-bench tau measured with other settings ({was}): rerun with the same "
                          "--tau-* flags or use another --out.")
-    return {**old, "tau_settings": tau_settings or was}
+    return {**old, "settings": {**old["settings"], "features": settings["features"]},
+            "tau_settings": tau_settings or was}
 
 
 def run_ablation(target: Target, cfg: AblationConfig, progress: bool = True) -> dict:
