@@ -1,6 +1,7 @@
 """The budget chooser on a synthetic cost model with a hand-computed optimum, the replay estimate of
 accepted lengths, the per-machine cost cache, and auto_config on the real model."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -9,7 +10,8 @@ import pytest
 from eagle.tools.budget import choice as budget_choice, costs as budget_costs
 from eagle.tools.budget.choice import choose_budget
 from eagle.tools.budget.costs import Costs
-from eagle.tools.budget.replay import AcceptModel, StepSample
+from eagle.tools.budget.replay import AcceptModel, StepSample, samples_from_steps
+from eagle.records.trace import NodeRecord, StepRecord
 from eagle.core.config import DecodeConfig
 from tests.tiny import tiny_pair
 
@@ -66,12 +68,52 @@ def test_replay_counts_the_accepted_path_a_budget_keeps():
     assert value(4, 2, 2) == pytest.approx(1 + 3 / 2.43 * (0.9 + 0.72 + 0.36))
 
 
+def _copying(sample: StepSample, proposed: int, match: int, first: bool = False) -> StepSample:
+    return replace(sample, copy_proposed=proposed, copy_match=match, first=first)
+
+
+def test_replay_adds_the_lookup_branch_and_adapts_its_length():
+    # the head's path accepts 3 at budget (4, 2, 2) (see above); a copy of 5 matching 4 wins, then one
+    # matching 0 loses to the head, and the branch length follows eagle.core.lookup.next_length
+    rounds = [_copying(_sample(), 5, 4, first=True), _copying(_sample(), 5, 0), _copying(_sample(), 0, 0)]
+    model = AcceptModel(rounds, {0: None}, ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
+    # round 1: branch 6 offers 5, takes 4 (> 3 drafted): accept 5, next length 4 + 1 = 5
+    # round 2: offers 5, takes 0: accept 4 (the head's), next length 1; round 3: nothing recurs, no branch
+    assert model(4, 2, 2) == pytest.approx((5 + 4 + 4) / 3)
+    assert model.lookup_nodes(4, 2, 2) == pytest.approx((5 + 5 + 0) / 3)
+    tie = AcceptModel([_copying(_sample(), 3, 3, first=True), _copying(_sample(), 9, 9)], {0: None}, ns=(4,),
+                      depths=(2,), top_ks=(2,), lookup_tokens=6)
+    # a copy as long as the head's path is not taken (acceptance keeps the head's): the branch shrinks to 1
+    assert tie(4, 2, 2) == pytest.approx((4 + 4) / 2) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 1) / 2)
+    restart = AcceptModel([_copying(_sample(), 3, 3, first=True), _copying(_sample(), 9, 9, first=True)], {0: None},
+                          ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
+    assert restart(4, 2, 2) == pytest.approx((4 + 7) / 2)  # a new generation starts its branch at 6 again
+    plain = AcceptModel(rounds, {0: None}, ns=(4,), depths=(2,), top_ks=(2,))
+    assert plain(4, 2, 2) == 4 and plain.lookup_nodes(4, 2, 2) == 0  # no branch: the copy fields are unused
+    again = AcceptModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert again(4, 2, 2) == model(4, 2, 2) and again.lookup_nodes(4, 2, 2) == model.lookup_nodes(4, 2, 2)
+
+
+def test_samples_know_what_a_copy_would_have_matched():
+    def step(i: int, new: list[int]) -> StepRecord:
+        nodes = [NodeRecord(0, -1, 0, 0, "", 1.0, 1.0, 0, True, True),
+                 NodeRecord(1, 0, 1, new[0], "", 0.9, 0.9, 0, True, True)]
+        return StepRecord(i, "dynamic" if i else "prefill", nodes if i else [], [], 0, "", new, "", len(new))
+    prompt = [5, 6, 7, 8, 5, 6]
+    samples = samples_from_steps([step(0, [7]), step(1, [8, 9]), step(2, [5, 6, 7])], prompt)
+    # round 1's context ends 5 6 7, which recurred at the start: the copy 8 5 6 7 meets the reply 8 9 ...
+    assert [(s.first, s.copy_proposed, s.copy_match) for s in samples] == [(True, 4, 1), (False, 0, 0)]
+    assert [(s.copy_proposed, s.copy_match) for s in samples_from_steps([step(0, [7]), step(1, [8, 5])])] == \
+        [(0, 0)]  # without the prompt's ids no copy is known
+
+
 def test_verify_cost_interpolates():
     costs = Costs("k", {1: 1.0, 4: 4.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, overhead=0.25)
     assert costs.t_verify(2) == pytest.approx(2.0) and costs.t_verify(6) == pytest.approx(5.0)
     assert costs.t_verify(10) == pytest.approx(7.0)  # extrapolated from the last segment
     assert costs.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25)
     assert costs.round_cost(1, 2, 1) == pytest.approx(1.0)  # plain decoding: no draft, no draft overhead
+    assert costs.round_cost(2, 2, 1, lookup_nodes=2.0) == costs.round_cost(4, 2, 1)  # the branch is verified too
     hosted = Costs("k", {1: 1.0, 4: 4.0}, {"1/0": (1.0, 0.5)}, 0.25, prefill={32: 0.5, 192: 2.1},
                    host_tree=0.125, host_plain=0.0625)
     assert hosted.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25 + 0.125)
@@ -167,6 +209,17 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert contexts == sorted(budget_costs.CONTEXTS)  # verify timed over each prefix; a budget chosen for each
     row = budget_choice.choice_at_context(report, 192)  # the cached report chooses again without measuring
     assert {k: row[k] for k in report.chosen} == report.chosen
+    assert report.lookup_tokens == 0 and report.expected_lookup_nodes == 0  # lookup_tokens -1 reaches auto as off
+    # a prompt-lookup branch is replayed with every budget: another report (same measured costs), which
+    # copies where the reply repeats its prompt and pays for the branch's nodes in its rounds
+    _, copying = budget_choice.auto_config(target, random_head, base.with_(lookup_tokens=10),
+                                           prompts=["Repeat exactly: one two three one two three one two three"],
+                                           max_new_tokens=16, repeats=1, ns=(1, 2, 8, 16), top_ks=(1, 4))
+    assert copying.lookup_tokens == 10 and copying.auto_file != report.auto_file
+    assert copying.costs_file == report.costs_file and copying.expected_lookup_nodes > 0
+    best = copying.top[0]
+    assert best["round_s"] == pytest.approx(copying.costs.round_cost(
+        best["total_tokens"], best["depth"], best["top_k"], best["draft_vocab"], lookup_nodes=best["lookup_nodes"]))
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")

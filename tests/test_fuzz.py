@@ -282,8 +282,10 @@ REPORT = {"curve": [{"total_tokens": n, "speedup": 1.0} for n in NS], "vanilla_t
           "t_verify": {"1": 0.01, "2": 0.012, "4": 0.015}, "alpha": 0.9,
           "chosen": {"total_tokens": 4, "depth": 2, "top_k": 2, "draft_vocab": 0},
           "expected_tokens_per_s": 60.0, "expected_speedup": 1.2, "expected_accept_length": 1.5, "costs": COSTS,
+          "lookup_tokens": 10, "expected_lookup_nodes": 1.5,
           "accept_table": {"ns": list(NS), "depths": [1, 2], "top_ks": list(TOP_KS), "vocabs": [0],
-                           "grid": {"1/0": [[1.0, 1.2, 1.3], [1.0, 1.3, 1.5]]}},
+                           "grid": {"1/0": [[1.0, 1.2, 1.3], [1.0, 1.3, 1.5]]}, "lookup_tokens": 10,
+                           "lookup_grid": {"1/0": [[0.0, 1.0, 2.0], [0.5, 1.5, 2.5]]}},
           "top": [], "by_context": [], "best_per_vocab": [], "host_ms": {"tree": 1.0, "plain": 0.5},
           "calibration_rounds": 12, "calibration_accept_length": 1.4, "costs_file": "costs.json"}
 

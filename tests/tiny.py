@@ -121,7 +121,8 @@ def fixed_auto_report(chosen: dict, costs, curve: list[dict] | None = None, **fi
         chosen["total_tokens"], chosen["depth"], chosen["top_k"], chosen["draft_vocab"]), tokens_per_s=1.0, speedup=1.0)]
     grid = AcceptModel.from_json({"ns": [1], "depths": [0], "top_ks": [1], "vocabs": [0], "grid": {"1/0": [[1.0]]}})
     values = dict(chosen=chosen, curve=curve, top=curve[:5], best_per_vocab=curve[:1], by_context=[],
-                  expected_tokens_per_s=1.0, expected_accept_length=1.5, expected_speedup=1.0,
+                  expected_tokens_per_s=1.0, expected_accept_length=1.5, lookup_tokens=0, expected_lookup_nodes=0.0,
+                  expected_speedup=1.0,
                   expected_speedup_same_dtype=1.0, beats_vanilla=False, vanilla_tokens_per_s=1.0,
                   vanilla_same_dtype_tokens_per_s=1.0, vanilla_dtype="float32", same_dtype_factor=1.0,
                   t_plain=costs.t_plain(), t_verify={str(n): t for n, t in costs.verify.items()}, alpha=1.0,

@@ -205,7 +205,7 @@ class Decoder:
         rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs, lookup)
         if lookup:
             taken = sum(1 for i in accepted if i >= tree.num_nodes - len(lookup))
-            s.lookup_len = next_length(len(lookup), taken, self.cfg.lookup_tokens)
+            s.lookup_len = int(next_length(len(lookup), taken, self.cfg.lookup_tokens))
         new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
         finished = self._finish_reason(new_tokens, s.produced)
         clock.lap("accept")

@@ -30,9 +30,10 @@ def find_continuation(context: np.ndarray, length: int, ngram_max: int = NGRAM_M
     return []
 
 
-def next_length(proposed: int, taken: int, longest: int) -> int:
-    """The branch length for the next round after the target took `taken` of `proposed` tokens."""
-    return min(longest, proposed + 2) if taken == proposed else max(1, taken + 1)
+def next_length(proposed: np.ndarray | int, taken: np.ndarray | int, longest: int) -> np.ndarray:
+    """The branch length for the next round after the target took `taken` of `proposed` tokens
+    (elementwise: the budget replay runs it over a grid of budgets at once)."""
+    return np.where(np.equal(taken, proposed), np.minimum(longest, np.add(proposed, 2)), np.maximum(1, np.add(taken, 1)))
 
 
 class ContextTokens:

@@ -46,7 +46,8 @@ def _prediction(results: list[Result], report: AutoReport) -> dict:
     rounds = [s for r in results for s in r.steps if s.step > 0]
     predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens)) for r in results)
     c = report.chosen
-    round_s = report.costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"])
+    round_s = report.costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
+                                      lookup_nodes=report.expected_lookup_nodes)
     return {"predicted_tokens_per_second": tokens_per_second(sum(len(r.tokens) for r in results), predicted_s),
             "predicted_accept_length": report.expected_accept_length, "predicted_round_ms": 1000 * round_s,
             "round_ms": 1000 * mean([sum(s.timings.values()) for s in rounds])}

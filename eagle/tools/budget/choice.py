@@ -3,8 +3,11 @@ modelled round cost; auto_config, the choice cached per machine key, head weight
 restated against the fastest vanilla here (an AutoReport); tuned_config, what a generation runs with
 under --budget auto or adaptive.
 
-    expected tokens/s (n, depth, top_k, vocab) = E[accept length] / (t_verify(n) + t_draft(depth, top_k, vocab)
-                                                                       + per-round overhead + host)"""
+    expected tokens/s (n, depth, top_k, vocab) = E[accept length] / (t_verify(n + lookup nodes)
+                                               + t_draft(depth, top_k, vocab) + per-round overhead + host)
+
+With a prompt-lookup branch (greedy dynamic decoding under auto) the replay adds the branch to every
+budget: E[accept length] counts the copies the target takes, and the verify pays for the branch's nodes."""
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +31,7 @@ from .costs import BUDGET_KEYS, DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cos
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 
-AUTO_REPORT_VERSION = 5  # bump when the report or the searched grid changes: cached reports are then recomputed
+AUTO_REPORT_VERSION = 6  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,
@@ -43,15 +46,17 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     depths = depths or getattr(model, "depths", DEPTHS)
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
     vanilla = tokens_per_second(1, costs.t_plain(context))  # plain decoding: a token per forward
+    copies = getattr(model, "lookup_nodes", lambda *_: 0.0)  # a bare accept function has no lookup branch
     rows = []
     for n in (x for x in ns if x > 1):
         for depth in depths:
             for k in top_ks:
                 if n - 1 > k + depth * k * k:
                     continue
-                accept, cost = model(n, depth, k, draft_vocab), costs.round_cost(n, depth, k, draft_vocab, context)
+                accept, lookup = model(n, depth, k, draft_vocab), copies(n, depth, k, draft_vocab)
+                cost = costs.round_cost(n, depth, k, draft_vocab, context, lookup)
                 rows.append({"total_tokens": n, "depth": depth, "top_k": k, "draft_vocab": draft_vocab,
-                             "accept_length": accept, "round_s": cost,
+                             "accept_length": accept, "lookup_nodes": lookup, "round_s": cost,
                              "tokens_per_s": tokens_per_second(accept, cost),
                              "speedup": speedup(tokens_per_second(accept, cost), vanilla)})
     if not rows:
@@ -67,7 +72,7 @@ def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int) ->
     costs, c = report.costs, report.chosen
     rounds = max(0, new_tokens - 1) / report.expected_accept_length
     round_s = costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
-                               prompt_tokens + new_tokens // 2)
+                               prompt_tokens + new_tokens // 2, report.expected_lookup_nodes)
     return costs.t_prefill(prompt_tokens) + rounds * round_s
 
 
@@ -78,15 +83,16 @@ def head_fingerprint(head: AnyHead) -> str:
 
 def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocabs: tuple[int, ...],
                  repeats: int, max_new_tokens: int, ns: tuple[int, ...], top_ks: tuple[int, ...],
-                 refresh: bool = False) -> dict:
+                 lookup_tokens: int, refresh: bool = False) -> dict:
     masks = vocab_masks(head, vocabs)
     costs = measure_costs(target, head, ns=ns, top_ks=top_ks, vocabs=tuple(masks), repeats=repeats,
                           refresh=refresh)
     prompts = prompts or calibration_prompts()
     samples = calibrate(target, head, prompts, max_new_tokens)
-    model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks)
+    model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks, lookup_tokens=lookup_tokens)
     first = _best_table(costs, model, None)[0][0]
-    costs = host_terms(target, head, costs, first, encode_prompt(target.tokenizer, prompts[0], target.max_context))
+    costs = host_terms(target, head, costs, first, encode_prompt(target.tokenizer, prompts[0], target.max_context),
+                       lookup_tokens)
     table, choices = _best_table(costs, model, None)
     best = table[0]
     by_context = [{"context": c, **{k: _best_table(costs, model, c)[0][0][k] for k in (*BUDGET_KEYS, "speedup")}}
@@ -99,6 +105,7 @@ def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocab
             "chosen": {f: best[f] for f in BUDGET_KEYS},
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
+            "lookup_tokens": lookup_tokens, "expected_lookup_nodes": best["lookup_nodes"],
             "calibration_rounds": len(samples),
             "calibration_accept_length": float(np.mean([s.accept_length for s in samples])),
             "costs_key": costs.key, "costs_file": str(cost_path(costs.key)),
@@ -124,15 +131,18 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
                 refresh: bool = False) -> tuple[DecodeConfig, AutoReport]:
     """The budget with the most expected tokens/s on this machine: (config, report). The first call
     measures costs (~20 s on a CPU) and calibrates on a few prompts (~30-60 s); the result is cached
-    per machine key + head weights + settings, so later calls (the app, every bench) are instant."""
-    settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks])
+    per machine key + head weights + settings, so later calls (the app, every bench) are instant.
+    base_cfg's prompt-lookup branch (greedy dynamic decoding only) is part of what each budget is
+    replayed with, so a report is made for its length."""
+    lookup = max(0, base_cfg.lookup_tokens) if base_cfg.mode == "dynamic" and base_cfg.greedy else 0
+    settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks, lookup])
     fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
     cached = None if refresh else read_auto_report(path, ns, top_ks, vocabs)
     if cached is not None and measured_under_load(cached["t_verify"]["1"], probe_t1(target, head)):
         cached, refresh = None, True  # its costs were timed under load: measure and choose again
     if cached is None:
-        cached = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
+        cached = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, lookup, refresh)
         atomic_write_json(path, cached, indent=1)
     report = AutoReport.from_cached(cached, fastest_vanilla(target, cached["t_plain"]), path)
     return base_cfg.with_(**report.chosen), report

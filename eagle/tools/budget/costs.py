@@ -57,7 +57,7 @@ class Costs:
     host_tree: float = 0.0  # s per drafted round that a real decode spends beyond the probes (host_terms)
     host_plain: float = 0.0  # the same per plain-decoding round
 
-    def t_verify(self, n: int, context: int | None = None) -> float:
+    def t_verify(self, n: float, context: int | None = None) -> float:
         """Piecewise-linear in n (and in the context length, when measured at several)."""
         if context is None or len(self.verify_by_context) < 2:
             return interpolate(self.verify, n)
@@ -67,12 +67,15 @@ class Costs:
         base, step = self.draft[f"{top_k}/{vocab}"]
         return base + depth * step
 
-    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0, context: int | None = None) -> float:
-        """Seconds per round; a 1-node tree is plain decoding (no draft)."""
+    def round_cost(self, n: int, depth: int, top_k: int, vocab: int = 0, context: int | None = None,
+                   lookup_nodes: float = 0.0) -> float:
+        """Seconds per round; a 1-node tree is plain decoding (no draft). `lookup_nodes`: the mean size of
+        a prompt-lookup branch verified beside the n-node tree."""
         if n == 1:
             return self.t_plain(context)
-        round_s = self.t_verify(n, context) + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
-        return max(round_s, 0.5 * self.t_verify(n, context))  # a negative host term: a sanity floor
+        verify = self.t_verify(n + lookup_nodes, context)
+        round_s = verify + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+        return max(round_s, 0.5 * verify)  # a negative host term: a sanity floor
 
     def t_plain(self, context: int | None = None) -> float:
         """Seconds per token of plain decoding."""
@@ -302,14 +305,16 @@ def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_k
 
 
 def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt_ids: list[int],
-               max_new_tokens: int = HOST_TOKENS) -> Costs:
+               lookup_tokens: int = 0, max_new_tokens: int = HOST_TOKENS) -> Costs:
     """costs with host_tree and host_plain: the mean seconds per round that real decoding of the prompt
     spends beyond the modelled round (probes time their parts in tight loops with warm caches; a real
     round interleaves them with the target's forward and adds acceptance and record keeping). Measured
-    at the chosen tree and with plain decoding, each the second of two runs (the first warms up)."""
+    at the chosen tree (with its prompt-lookup branch, whose matching is host work too) and with plain
+    decoding, each the second of two runs (the first warms up)."""
     base = replace(costs, host_tree=0.0, host_plain=0.0)
-    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, **{k: chosen[k] for k in BUDGET_KEYS})
-    plain = tree.with_(mode="vanilla")
+    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, lookup_tokens=lookup_tokens,
+                        **{k: chosen[k] for k in BUDGET_KEYS})
+    plain = tree.with_(mode="vanilla", lookup_tokens=0)
     return replace(base, host_tree=_extra_per_round(target, head, base, tree, prompt_ids),
                    host_plain=_extra_per_round(target, head, base, plain, prompt_ids))
 

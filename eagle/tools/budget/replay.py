@@ -1,6 +1,11 @@
 """What each budget would accept: a calibration run drafts a large tree and records every candidate;
 a replay reruns EAGLE-2's beam and rerank on the recorded candidates for each smaller budget
-(AcceptModel: E[accept length] over the grid of total_tokens, depth, top_k and draft vocabulary)."""
+(AcceptModel: E[accept length] over the grid of total_tokens, depth, top_k and draft vocabulary).
+
+With a prompt-lookup branch (eagle.core.lookup) the replay also copies: each recorded round knows its
+context and the greedy continuation that followed, so how far the branch's copy would have matched is
+known exactly; the round accepts the longer of the head's path and the copy, and the branch's length
+adapts from round to round as the decoder's does."""
 from __future__ import annotations
 
 import math
@@ -11,6 +16,7 @@ from tqdm import tqdm
 
 from ...core.config import DecodeConfig
 from ...core.decode import Decoder, encode_prompt, generate
+from ...core.lookup import find_continuation, next_length
 from ...models.head import AnyHead
 from ...models.target import Target
 from ...records.questions import load_questions
@@ -29,20 +35,43 @@ class StepSample:
     on_path: np.ndarray  # accepted in the recorded round
     accept_length: int
     kept_value_sum: float  # sum of the values of the nodes the recorded round verified
+    first: bool = False  # the generation's first drafted round (a lookup branch starts at its longest)
+    copy_proposed: int = 0  # tokens a prompt-lookup copy offers here, up to COPY_MAX (0: no n-gram recurs)
+    copy_match: int = 0  # how many of them the greedy continuation equals, in a row
 
 
-def samples_from_steps(steps: list[StepRecord]) -> list[StepSample]:
-    """Every dynamic round (not the prefill), as replay samples."""
-    out = []
+COPY_MAX = 64  # the longest prompt-lookup branch a DecodeConfig allows
+
+
+def samples_from_steps(steps: list[StepRecord], prompt_ids: list[int] | None = None) -> list[StepSample]:
+    """Every dynamic round (not the prefill), as replay samples; with the prompt's ids also what a
+    prompt-lookup copy would have offered at each round and how much of it the target took."""
+    out, context = [], list(prompt_ids or [])
+    reply = [t for step in steps for t in step.new_tokens]
     for step in steps:
-        nodes = step.nodes[1:]  # node id = candidate index + 1; the root is node 0
-        if step.step == 0 or step.mode != "dynamic" or not nodes:
-            continue
-        col = lambda f, dt: np.array([getattr(n, f) for n in nodes], dtype=dt)  # noqa: E731
-        out.append(StepSample(col("parent", np.int64) - 1, col("rank", np.int64), col("depth", np.int64),
-                              col("value", np.float64), col("token", np.int64), col("accepted", bool),
-                              step.accept_length, float(sum(n.value for n in nodes if n.kept))))
+        # node id = candidate index + 1 (the root is node 0); a lookup branch's nodes come after the head's
+        nodes = [n for n in step.nodes[1:] if n.source == "draft"]
+        if step.step > 0 and step.mode == "dynamic" and nodes:
+            col = lambda f, dt: np.array([getattr(n, f) for n in nodes], dtype=dt)  # noqa: E731
+            sample = StepSample(col("parent", np.int64) - 1, col("rank", np.int64), col("depth", np.int64),
+                                col("value", np.float64), col("token", np.int64), col("accepted", bool),
+                                step.accept_length, float(sum(n.value for n in nodes if n.kept)),
+                                first=not out)
+            if prompt_ids is not None:
+                ahead = reply[len(context) - len(prompt_ids):]  # what greedy decoding wrote from here on
+                sample.copy_proposed, sample.copy_match = _copy_at(np.array(context), ahead)
+            out.append(sample)
+        context += step.new_tokens
     return out
+
+
+def _copy_at(context: np.ndarray, ahead: list[int]) -> tuple[int, int]:
+    """(tokens the lookup offers after `context`, how many of them in a row equal `ahead`)."""
+    copy = find_continuation(context, COPY_MAX)
+    match = 0
+    while match < min(len(copy), len(ahead)) and copy[match] == ahead[match]:
+        match += 1
+    return len(copy), match
 
 
 def _children(s: StepSample) -> dict[int, np.ndarray]:
@@ -86,31 +115,45 @@ def _accepts(s: StepSample, idx: np.ndarray, rounds: np.ndarray, depths: tuple[i
 
 class AcceptModel:
     """E[accepted length] over a grid of (total_tokens, depth, top_k, draft_vocab), from replays of
-    recorded rounds. vocab_masks: draft_vocab -> bool (V,) of the allowed tokens (None = all)."""
+    recorded rounds. vocab_masks: draft_vocab -> bool (V,) of the allowed tokens (None = all).
+    lookup_tokens > 0: each budget with a prompt-lookup branch of up to that many tokens beside its
+    tree (the samples must carry their copy fields: samples_from_steps with the prompt's ids), and
+    lookup_nodes(...) the branch's mean size, which the verify forward also pays for."""
 
     def __init__(self, samples: list[StepSample], vocab_masks: dict[int, np.ndarray | None],
                  ns: tuple[int, ...] = NS, depths: tuple[int, ...] = DEPTHS,
-                 top_ks: tuple[int, ...] = TOP_KS, method: str = "replay") -> None:
+                 top_ks: tuple[int, ...] = TOP_KS, method: str = "replay", lookup_tokens: int = 0) -> None:
         if not samples:
             raise ValueError("calibration has no drafted rounds to learn from")
-        if method not in ("replay", "value"):
-            raise ValueError(f"method must be 'replay' or 'value', got {method!r}")
+        if method not in ("replay", "value") or (method == "value" and lookup_tokens):
+            raise ValueError(f"method must be 'replay' (or 'value' without a lookup branch), got {method!r}")
         self.ns, self.depths, self.top_ks, self.method = ns, depths, top_ks, method
-        self.vocabs = tuple(vocab_masks)
+        self.vocabs, self.lookup_tokens = tuple(vocab_masks), lookup_tokens
         measured = np.mean([s.accept_length - 1 for s in samples])
         # value method: E = 1 + alpha * sum(kept values), alpha fitted on the recorded rounds
         self.alpha = measured / max(1e-9, float(np.mean([s.kept_value_sum for s in samples])))
-        self.table = {(k, v): self._grid(samples, k, m) for k in top_ks for v, m in vocab_masks.items()}
+        grids = {(k, v): self._grid(samples, k, m) for k in top_ks for v, m in vocab_masks.items()}
+        self.table = {key: accept for key, (accept, _) in grids.items()}
+        self.copy_table = {key: nodes for key, (_, nodes) in grids.items()}
 
-    def _grid(self, samples: list[StepSample], top_k: int, allowed: np.ndarray | None) -> np.ndarray:
-        ns, total = np.array(self.ns), np.zeros((len(self.depths), len(self.ns)))
+    def _grid(self, samples: list[StepSample], top_k: int,
+              allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(mean accept length, mean lookup-branch nodes), each (len(depths), len(ns))."""
+        ns, shape = np.array(self.ns), (len(self.depths), len(self.ns))
+        accept, nodes, length = np.zeros(shape), np.zeros(shape), np.full(shape, self.lookup_tokens)
         for s in samples:
             idx, rounds = _beam(s, _children(s), top_k, allowed, max(self.depths))
-            if self.method == "replay":
-                total += _accepts(s, idx, rounds, self.depths, ns)
-            else:
-                total += self._value_estimate(s, idx, rounds, ns)
-        return total / len(samples)
+            if self.method == "value":
+                accept += self._value_estimate(s, idx, rounds, ns)
+                continue
+            got = _accepts(s, idx, rounds, self.depths, ns)
+            if self.lookup_tokens:
+                if s.first:  # the decoder starts each generation's branch at its longest
+                    length = np.full(shape, self.lookup_tokens)
+                got, proposed, length = _with_copy(got, s, length, self.lookup_tokens)
+                nodes += proposed
+            accept += got
+        return accept / len(samples), nodes / len(samples)
 
     def _value_estimate(self, s: StepSample, idx: np.ndarray, rounds: np.ndarray, ns: np.ndarray) -> np.ndarray:
         out = np.ones((len(self.depths), ns.size))
@@ -124,36 +167,64 @@ class AcceptModel:
         grid = self.table[(top_k, draft_vocab)]
         return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
 
+    def lookup_nodes(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
+        """The mean number of prompt-lookup nodes a round of this budget verifies beside its tree."""
+        grid = self.copy_table[(top_k, draft_vocab)]
+        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+
     def to_json(self) -> dict:
-        """The replayed grid, so a cached report can choose again at another context length."""
+        """The replayed grids, so a cached report can choose again at another context length."""
+        as_json = lambda table: {f"{k}/{v}": g.tolist() for (k, v), g in table.items()}  # noqa: E731
         return {"ns": list(self.ns), "depths": list(self.depths), "top_ks": list(self.top_ks),
-                "vocabs": list(self.vocabs), "grid": {f"{k}/{v}": g.tolist() for (k, v), g in self.table.items()}}
+                "vocabs": list(self.vocabs), "grid": as_json(self.table), "lookup_tokens": self.lookup_tokens,
+                "lookup_grid": as_json(self.copy_table)}
 
     @classmethod
     def from_json(cls, d: dict) -> "AcceptModel":
         model = cls.__new__(cls)  # no samples to replay: the grid was computed from them already
         model.ns, model.depths, model.top_ks = tuple(d["ns"]), tuple(d["depths"]), tuple(d["top_ks"])
         model.vocabs, model.method, model.alpha = tuple(d["vocabs"]), "replay", math.nan
-        model.table = {tuple(map(int, key.split("/"))): np.array(g) for key, g in d["grid"].items()}
+        model.lookup_tokens = int(d.get("lookup_tokens", 0))
+        as_table = lambda grids: {tuple(map(int, key.split("/"))): np.array(g) for key, g in grids.items()}  # noqa: E731
+        model.table = as_table(d["grid"])
+        model.copy_table = as_table(d["lookup_grid"]) if "lookup_grid" in d else \
+            {key: np.zeros_like(g) for key, g in model.table.items()}
         return model
 
 
-def calibration_prompts(count: int = 3) -> list[str]:
-    """First turns from the end of MT-bench (the bench's --limit runs start at the front)."""
+def _with_copy(accept: np.ndarray, s: StepSample, length: np.ndarray,
+               longest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One round of every budget with the lookup branch of `length` tokens beside its tree: the accept
+    lengths, the branch's nodes, and the next round's branch lengths (arrays over the grid)."""
+    proposed = np.minimum(length, s.copy_proposed)
+    copied = np.minimum(length, s.copy_match)
+    drafted = accept - 1
+    taken = np.where(copied > drafted, copied, 0)  # on a tie acceptance keeps the first longest path: the head's
+    if s.copy_proposed:  # no recurring n-gram, no branch: its length stays
+        length = next_length(proposed, taken, longest)
+    return 1 + np.maximum(drafted, copied), proposed, length
+
+
+def calibration_prompts(count: int = 8) -> list[str]:
+    """The first turn of the last question of each MT-bench category, up to `count` (bench's --limit
+    and --per-category runs take the first ones): the copying categories (extraction, coding) weigh
+    in as much as the rest, which a prompt-lookup branch's payoff depends on."""
     questions, _ = load_questions("mt_bench")
-    return [q.turns[0] for q in questions[::-1][:: max(1, len(questions) // (count * 2))][:count]]
+    last = {q.category: q for q in questions}  # a later question of a category replaces the earlier
+    return [q.turns[0] for q in last.values()][:count]
 
 
 def calibrate(target: Target, head: AnyHead, prompts: list[str], max_new_tokens: int = 64,
               seed: int = 0) -> list[StepSample]:
-    """Greedy decoding with a large tree, recorded as replay samples."""
+    """Greedy decoding with a large tree and no lookup branch, recorded as replay samples (with what a
+    lookup branch would have copied at each round: the replay adds it where a budget has one)."""
     cfg = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, total_tokens=CAL_TOTAL, depth=CAL_DEPTH,
-                       top_k=CAL_TOP_K, seed=seed)
+                       top_k=CAL_TOP_K, seed=seed, lookup_tokens=0)
     samples: list[StepSample] = []
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", leave=False):
         ids = encode_prompt(target.tokenizer, prompt, target.max_context)
         g = generate(Decoder(target, head, cfg), ids)
-        samples += samples_from_steps(g.steps)
+        samples += samples_from_steps(g.steps, ids)
     return samples
 
 

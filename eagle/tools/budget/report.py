@@ -27,6 +27,8 @@ class AutoReport:
     by_context: list[dict]  # per measured context length: context, BUDGET_KEYS and speedup there
     expected_tokens_per_s: float
     expected_accept_length: float
+    lookup_tokens: int  # the prompt-lookup branch's longest length the budgets were replayed with (0: none)
+    expected_lookup_nodes: float  # the chosen budget's mean lookup nodes per round
     expected_speedup: float
     expected_speedup_same_dtype: float
     beats_vanilla: bool
@@ -75,14 +77,17 @@ class AutoReport:
 
 # What the cached file holds as is (the rest is derived when it is read: AutoReport.from_cached).
 CACHED_FIELDS = ("chosen", "curve", "top", "best_per_vocab", "expected_tokens_per_s", "expected_accept_length",
+                 "lookup_tokens", "expected_lookup_nodes",
                  "t_plain", "t_verify", "alpha", "host_ms", "calibration_rounds", "calibration_accept_length",
                  "costs_file")
 REPORT_KINDS = {"curve": "list", "vanilla_tokens_per_s": "nonneg", "t_plain": "nonneg", "t_verify": "dict",
                 "alpha": "num", "chosen": "dict", "expected_tokens_per_s": "nonneg", "expected_speedup": "nonneg",
-                "expected_accept_length": "nonneg", "costs": "dict", "accept_table": "dict", "top": "list",
+                "expected_accept_length": "nonneg", "lookup_tokens": "int", "expected_lookup_nodes": "nonneg",
+                "costs": "dict", "accept_table": "dict", "top": "list",
                 "by_context": "list", "best_per_vocab": "list", "host_ms": "dict", "calibration_rounds": "int",
                 "calibration_accept_length": "num", "costs_file": "str"}
-ACCEPT_KINDS = {"ns": "ints", "depths": "ints", "top_ks": "ints", "vocabs": "ints", "grid": "dict"}
+ACCEPT_KINDS = {"ns": "ints", "depths": "ints", "top_ks": "ints", "vocabs": "ints", "grid": "dict",
+                "lookup_tokens": "int", "lookup_grid": "dict"}
 
 
 def read_auto_report(path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
@@ -124,17 +129,20 @@ def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[i
 
 
 def _check_accept_table(table: dict, path: Path) -> None:
-    """The replayed grid a cached report chooses again from: per "top_k/vocab", accept lengths >= 0 for
-    every depth (rows) and tree size (columns)."""
+    """The replayed grids a cached report chooses again from: per "top_k/vocab", accept lengths (and
+    lookup-branch sizes) >= 0 for every depth (rows) and tree size (columns), the same shapes in both."""
     check_object(table, path, "field 'accept_table'", ACCEPT_KINDS)
     rows, cols = len(table["depths"]), len(table["ns"])
-    for shape, grid in table["grid"].items():
-        where = f"field 'accept_table' grid {shape!r:.40}"
-        if not re.fullmatch(r"[0-9]+/[0-9]+", shape):
-            fail(path, where, "is not a grid of a top_k/vocab")
-        if not (isinstance(grid, list) and len(grid) == rows and all(isinstance(r, list) and len(r) == cols
-                                                                      for r in grid)):
-            fail(path, where, f"is not {rows} rows (depths) of {cols} accept lengths (tree sizes)")
-        for row in grid:
-            for value in row:
-                check_value(value, path, where, "nonneg")
+    if set(table["lookup_grid"]) != set(table["grid"]):
+        fail(path, "field 'accept_table' lookup_grid", "does not cover the same top_k/vocab shapes as its grid")
+    for name in ("grid", "lookup_grid"):
+        for shape, grid in table[name].items():
+            where = f"field 'accept_table' {name} {shape!r:.40}"
+            if not re.fullmatch(r"[0-9]+/[0-9]+", shape):
+                fail(path, where, "is not a grid of a top_k/vocab")
+            if not (isinstance(grid, list) and len(grid) == rows and all(isinstance(r, list) and len(r) == cols
+                                                                          for r in grid)):
+                fail(path, where, f"is not {rows} rows (depths) of {cols} values (tree sizes)")
+            for row in grid:
+                for value in row:
+                    check_value(value, path, where, "nonneg")
