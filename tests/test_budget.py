@@ -10,7 +10,7 @@ import pytest
 from eagle.tools.budget import choice as budget_choice, costs as budget_costs
 from eagle.tools.budget.choice import choose_budget
 from eagle.tools.budget.costs import Costs
-from eagle.tools.budget.replay import AcceptModel, StepSample, samples_from_steps
+from eagle.tools.budget.replay import AcceptModel, Copies, StepSample, samples_from_steps
 from eagle.records.trace import NodeRecord, StepRecord
 from eagle.core.config import DecodeConfig
 from tests.tiny import tiny_pair
@@ -68,30 +68,38 @@ def test_replay_counts_the_accepted_path_a_budget_keeps():
     assert value(4, 2, 2) == pytest.approx(1 + 3 / 2.43 * (0.9 + 0.72 + 0.36))
 
 
-def _copying(sample: StepSample, proposed: int, match: int, first: bool = False) -> StepSample:
-    return replace(sample, copy_proposed=proposed, copy_match=match, first=first)
+def _generation(positions: list[int], offered: dict[int, tuple[int, int]], length: int) -> list[StepSample]:
+    """_sample()'s round recorded at each position of one reply of `length` tokens, with the copy
+    offered (tokens, matched) at the given positions and none elsewhere."""
+    proposed, match = np.zeros(length + 1, dtype=np.int64), np.zeros(length + 1, dtype=np.int64)
+    for at, (p, m) in offered.items():
+        proposed[at], match[at] = p, m
+    copies = Copies(proposed, match)
+    return [replace(_sample(), position=at, copies=copies) for at in positions]
 
 
-def test_replay_adds_the_lookup_branch_and_adapts_its_length():
-    # the head's path accepts 3 at budget (4, 2, 2) (see above); a copy of 5 matching 4 wins, then one
-    # matching 0 loses to the head, and the branch length follows eagle.core.lookup.next_length
-    rounds = [_copying(_sample(), 5, 4, first=True), _copying(_sample(), 5, 0), _copying(_sample(), 0, 0)]
-    model = AcceptModel(rounds, {0: None}, ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
-    # round 1: branch 6 offers 5, takes 4 (> 3 drafted): accept 5, next length 4 + 1 = 5
-    # round 2: offers 5, takes 0: accept 4 (the head's), next length 1; round 3: nothing recurs, no branch
-    assert model(4, 2, 2) == pytest.approx((5 + 4 + 4) / 3)
-    assert model.lookup_nodes(4, 2, 2) == pytest.approx((5 + 5 + 0) / 3)
-    tie = AcceptModel([_copying(_sample(), 3, 3, first=True), _copying(_sample(), 9, 9)], {0: None}, ns=(4,),
-                      depths=(2,), top_ks=(2,), lookup_tokens=6)
-    # a copy as long as the head's path is not taken (acceptance keeps the head's): the branch shrinks to 1
-    assert tie(4, 2, 2) == pytest.approx((4 + 4) / 2) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 1) / 2)
-    restart = AcceptModel([_copying(_sample(), 3, 3, first=True), _copying(_sample(), 9, 9, first=True)], {0: None},
-                          ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
+def test_replay_walks_the_reply_with_the_lookup_branch():
+    # the head's path accepts 4 at budget (4, 2, 2) (see above), from every recorded round
+    def model(*generations: list[StepSample]) -> AcceptModel:
+        return AcceptModel([s for g in generations for s in g], {0: None}, ns=(4,), depths=(2,), top_ks=(2,),
+                           lookup_tokens=6)
+    walk = model(_generation([0, 4, 7], {0: (5, 4), 9: (5, 0)}, 10))
+    # at 0: the copy offers 5, 4 match (> 3 drafted): accept 5, the branch becomes 4 + 1 = 5 long; at 5 nothing
+    # recurs: the head's 4 (the round recorded at 4 stands in), no branch; at 9: a copy of 5 missing at once
+    # loses to the head: accept 4; the reply ends at 10. A long copy is one round, not one per recorded round.
+    assert walk(4, 2, 2) == pytest.approx((5 + 4 + 4) / 3)
+    assert walk.lookup_nodes(4, 2, 2) == pytest.approx((5 + 0 + 5) / 3)
+    tie = model(_generation([0, 4, 8], {0: (3, 3), 4: (9, 9)}, 10))
+    # a copy only as long as the head's path is not taken (acceptance keeps the head's): the branch shrinks to 1
+    assert tie(4, 2, 2) == pytest.approx(4) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 1 + 0) / 3)
+    restart = model(_generation([0], {0: (3, 3)}, 2), _generation([0], {0: (9, 9)}, 7))
     assert restart(4, 2, 2) == pytest.approx((4 + 7) / 2)  # a new generation starts its branch at 6 again
-    plain = AcceptModel(rounds, {0: None}, ns=(4,), depths=(2,), top_ks=(2,))
-    assert plain(4, 2, 2) == 4 and plain.lookup_nodes(4, 2, 2) == 0  # no branch: the copy fields are unused
-    again = AcceptModel.from_json(json.loads(json.dumps(model.to_json())))
-    assert again(4, 2, 2) == model(4, 2, 2) and again.lookup_nodes(4, 2, 2) == model.lookup_nodes(4, 2, 2)
+    plain = AcceptModel(_generation([0, 4, 7], {0: (5, 4)}, 10), {0: None}, ns=(4,), depths=(2,), top_ks=(2,))
+    assert plain(4, 2, 2) == 4 and plain.lookup_nodes(4, 2, 2) == 0  # no branch: the copies are unused
+    again = AcceptModel.from_json(json.loads(json.dumps(walk.to_json())))
+    assert again(4, 2, 2) == walk(4, 2, 2) and again.lookup_nodes(4, 2, 2) == walk.lookup_nodes(4, 2, 2)
+    with pytest.raises(ValueError, match="needs what it would copy"):
+        AcceptModel([_sample()], {0: None}, ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
 
 
 def test_samples_know_what_a_copy_would_have_matched():
@@ -99,12 +107,15 @@ def test_samples_know_what_a_copy_would_have_matched():
         nodes = [NodeRecord(0, -1, 0, 0, "", 1.0, 1.0, 0, True, True),
                  NodeRecord(1, 0, 1, new[0], "", 0.9, 0.9, 0, True, True)]
         return StepRecord(i, "dynamic" if i else "prefill", nodes if i else [], [], 0, "", new, "", len(new))
-    prompt = [5, 6, 7, 8, 5, 6]
-    samples = samples_from_steps([step(0, [7]), step(1, [8, 9]), step(2, [5, 6, 7])], prompt)
-    # round 1's context ends 5 6 7, which recurred at the start: the copy 8 5 6 7 meets the reply 8 9 ...
-    assert [(s.first, s.copy_proposed, s.copy_match) for s in samples] == [(True, 4, 1), (False, 0, 0)]
-    assert [(s.copy_proposed, s.copy_match) for s in samples_from_steps([step(0, [7]), step(1, [8, 5])])] == \
-        [(0, 0)]  # without the prompt's ids no copy is known
+    prompt, steps = [5, 6, 7, 8, 5, 6], [step(0, [7]), step(1, [8, 9]), step(2, [5, 6, 7])]
+    samples = samples_from_steps(steps, prompt)  # the reply: 7 8 9 5 6 7
+    assert [s.position for s in samples] == [1, 3] and samples[0].copies is samples[1].copies
+    copies = samples[0].copies
+    # at 0 the prompt ends 5 6, which began it: the copy 7 8 5 6 meets 7 8 9; at 1 the context ends 5 6 7:
+    # 8 5 6 7 meets 8 9; at 3 (ends 7 8 9) nothing recurs; at 6, the end, 5 6 7's latest earlier
+    # occurrence offers 8 9 5 6 7, and nothing follows to meet it
+    assert [(int(copies.proposed[r]), int(copies.match[r])) for r in (0, 1, 3, 6)] == [(4, 2), (4, 1), (0, 0), (5, 0)]
+    assert samples_from_steps(steps)[0].copies is None  # without the prompt's ids no copy is known
 
 
 def test_verify_cost_interpolates():

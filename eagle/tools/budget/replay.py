@@ -24,6 +24,15 @@ from ...records.trace import StepRecord
 from .costs import CAL_DEPTH, CAL_TOP_K, CAL_TOTAL, DEPTHS, NS, TOP_KS
 
 
+@dataclass(frozen=True)
+class Copies:
+    """What a prompt-lookup copy offers at each position of a recorded reply (arrays (R + 1,), index =
+    reply tokens already written): the tokens offered (up to COPY_MAX; 0: no n-gram recurs) and how
+    many of them, in a row, the greedy reply then wrote."""
+    proposed: np.ndarray
+    match: np.ndarray
+
+
 @dataclass
 class StepSample:
     """One recorded round reduced to what a replay needs; arrays (M,) over drafted candidates."""
@@ -35,43 +44,42 @@ class StepSample:
     on_path: np.ndarray  # accepted in the recorded round
     accept_length: int
     kept_value_sum: float  # sum of the values of the nodes the recorded round verified
-    first: bool = False  # the generation's first drafted round (a lookup branch starts at its longest)
-    copy_proposed: int = 0  # tokens a prompt-lookup copy offers here, up to COPY_MAX (0: no n-gram recurs)
-    copy_match: int = 0  # how many of them the greedy continuation equals, in a row
+    position: int = 0  # reply tokens written before the round
+    copies: Copies | None = None  # its generation's (one object per generation; None: not known)
 
 
 COPY_MAX = 64  # the longest prompt-lookup branch a DecodeConfig allows
 
 
 def samples_from_steps(steps: list[StepRecord], prompt_ids: list[int] | None = None) -> list[StepSample]:
-    """Every dynamic round (not the prefill), as replay samples; with the prompt's ids also what a
-    prompt-lookup copy would have offered at each round and how much of it the target took."""
-    out, context = [], list(prompt_ids or [])
+    """Every dynamic round (not the prefill) of one generation, as replay samples; with the prompt's
+    ids also what a prompt-lookup copy would have offered at every position of the reply."""
     reply = [t for step in steps for t in step.new_tokens]
+    copies = None if prompt_ids is None else copies_along(np.array([*prompt_ids, *reply]), len(reply))
+    out, position = [], 0
     for step in steps:
         # node id = candidate index + 1 (the root is node 0); a lookup branch's nodes come after the head's
         nodes = [n for n in step.nodes[1:] if n.source == "draft"]
         if step.step > 0 and step.mode == "dynamic" and nodes:
             col = lambda f, dt: np.array([getattr(n, f) for n in nodes], dtype=dt)  # noqa: E731
-            sample = StepSample(col("parent", np.int64) - 1, col("rank", np.int64), col("depth", np.int64),
-                                col("value", np.float64), col("token", np.int64), col("accepted", bool),
-                                step.accept_length, float(sum(n.value for n in nodes if n.kept)),
-                                first=not out)
-            if prompt_ids is not None:
-                ahead = reply[len(context) - len(prompt_ids):]  # what greedy decoding wrote from here on
-                sample.copy_proposed, sample.copy_match = _copy_at(np.array(context), ahead)
-            out.append(sample)
-        context += step.new_tokens
+            out.append(StepSample(col("parent", np.int64) - 1, col("rank", np.int64), col("depth", np.int64),
+                                  col("value", np.float64), col("token", np.int64), col("accepted", bool),
+                                  step.accept_length, float(sum(n.value for n in nodes if n.kept)), position,
+                                  copies))
+        position += len(step.new_tokens)
     return out
 
 
-def _copy_at(context: np.ndarray, ahead: list[int]) -> tuple[int, int]:
-    """(tokens the lookup offers after `context`, how many of them in a row equal `ahead`)."""
-    copy = find_continuation(context, COPY_MAX)
-    match = 0
-    while match < min(len(copy), len(ahead)) and copy[match] == ahead[match]:
-        match += 1
-    return len(copy), match
+def copies_along(tokens: np.ndarray, reply_length: int) -> Copies:
+    """Copies at every position of the reply that ends `tokens` (prompt then reply)."""
+    start = tokens.shape[0] - reply_length
+    proposed, match = np.zeros(reply_length + 1, dtype=np.int64), np.zeros(reply_length + 1, dtype=np.int64)
+    for r in range(reply_length + 1):
+        copy = np.array(find_continuation(tokens[:start + r], COPY_MAX), dtype=np.int64)
+        ahead = tokens[start + r:start + r + copy.shape[0]]
+        proposed[r] = copy.shape[0]
+        match[r] = int(np.cumprod(copy[:ahead.shape[0]] == ahead).sum())  # equal in a row from the first
+    return Copies(proposed, match)
 
 
 def _children(s: StepSample) -> dict[int, np.ndarray]:
@@ -117,8 +125,9 @@ class AcceptModel:
     """E[accepted length] over a grid of (total_tokens, depth, top_k, draft_vocab), from replays of
     recorded rounds. vocab_masks: draft_vocab -> bool (V,) of the allowed tokens (None = all).
     lookup_tokens > 0: each budget with a prompt-lookup branch of up to that many tokens beside its
-    tree (the samples must carry their copy fields: samples_from_steps with the prompt's ids), and
-    lookup_nodes(...) the branch's mean size, which the verify forward also pays for."""
+    tree, walked along each recorded reply (_walk; the samples must know their copies:
+    samples_from_steps with the prompt's ids), and lookup_nodes(...) the branch's mean size, which the
+    verify forward also pays for."""
 
     def __init__(self, samples: list[StepSample], vocab_masks: dict[int, np.ndarray | None],
                  ns: tuple[int, ...] = NS, depths: tuple[int, ...] = DEPTHS,
@@ -138,22 +147,18 @@ class AcceptModel:
 
     def _grid(self, samples: list[StepSample], top_k: int,
               allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(mean accept length, mean lookup-branch nodes), each (len(depths), len(ns))."""
-        ns, shape = np.array(self.ns), (len(self.depths), len(self.ns))
-        accept, nodes, length = np.zeros(shape), np.zeros(shape), np.full(shape, self.lookup_tokens)
+        """(E[accept length], E[lookup-branch nodes per round]), each (len(depths), len(ns))."""
+        ns, per_round = np.array(self.ns), []
         for s in samples:
             idx, rounds = _beam(s, _children(s), top_k, allowed, max(self.depths))
-            if self.method == "value":
-                accept += self._value_estimate(s, idx, rounds, ns)
-                continue
-            got = _accepts(s, idx, rounds, self.depths, ns)
-            if self.lookup_tokens:
-                if s.first:  # the decoder starts each generation's branch at its longest
-                    length = np.full(shape, self.lookup_tokens)
-                got, proposed, length = _with_copy(got, s, length, self.lookup_tokens)
-                nodes += proposed
-            accept += got
-        return accept / len(samples), nodes / len(samples)
+            per_round.append(self._value_estimate(s, idx, rounds, ns) if self.method == "value"
+                             else _accepts(s, idx, rounds, self.depths, ns))
+        if not self.lookup_tokens:  # a round's accept length does not depend on where the rounds start
+            return np.mean(per_round, axis=0), np.zeros_like(per_round[0])
+        # with copies it does: a long copy is one round of the decoder but many recorded rounds
+        totals = sum(_walk(np.stack([per_round[i] for i in gen]), [samples[i] for i in gen], self.lookup_tokens)
+                     for gen in _generations(samples))
+        return totals[0] / totals[1], totals[2] / totals[1]
 
     def _value_estimate(self, s: StepSample, idx: np.ndarray, rounds: np.ndarray, ns: np.ndarray) -> np.ndarray:
         out = np.ones((len(self.depths), ns.size))
@@ -192,17 +197,43 @@ class AcceptModel:
         return model
 
 
-def _with_copy(accept: np.ndarray, s: StepSample, length: np.ndarray,
-               longest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One round of every budget with the lookup branch of `length` tokens beside its tree: the accept
-    lengths, the branch's nodes, and the next round's branch lengths (arrays over the grid)."""
-    proposed = np.minimum(length, s.copy_proposed)
-    copied = np.minimum(length, s.copy_match)
-    drafted = accept - 1
-    taken = np.where(copied > drafted, copied, 0)  # on a tie acceptance keeps the first longest path: the head's
-    if s.copy_proposed:  # no recurring n-gram, no branch: its length stays
-        length = next_length(proposed, taken, longest)
-    return 1 + np.maximum(drafted, copied), proposed, length
+def _generations(samples: list[StepSample]) -> list[list[int]]:
+    """The samples' indices grouped by generation (consecutive samples sharing one Copies)."""
+    groups: list[list[int]] = []
+    for i, s in enumerate(samples):
+        if s.copies is None:
+            raise ValueError("a replay with a lookup branch needs what it would copy: samples_from_steps with "
+                             "the prompt's ids")
+        if groups and samples[groups[-1][0]].copies is s.copies:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _walk(head: np.ndarray, samples: list[StepSample], longest: int) -> np.ndarray:
+    """One generation decoded again by every budget with a lookup branch of up to `longest` tokens, as
+    the decoder would: from the first recorded round's position, a round accepts the longer of the
+    head's path (the recorded round at or before the position stands in for the head there) and the
+    copy offered at the position (known exactly), moves on by what it accepted and adapts the branch.
+    head: (S, D, N) the recorded rounds' accept lengths per budget. Returns (3, D, N): the accepted
+    tokens, the rounds and the lookup nodes verified, summed over the generation."""
+    copies, starts = samples[0].copies, np.array([s.position for s in samples])
+    end, shape = copies.proposed.shape[0] - 1, head.shape[1:]  # the reply's length; (depths, ns)
+    rows, cols = np.indices(shape)
+    position, length = np.full(shape, starts[0]), np.full(shape, longest)
+    out = np.zeros((3, *shape))
+    while (active := position < end).any():
+        at = np.minimum(position, end)
+        drafted = head[np.searchsorted(starts, at, side="right") - 1, rows, cols] - 1
+        offered = copies.proposed[at]
+        proposed, copied = np.minimum(length, offered), np.minimum(length, copies.match[at])
+        taken = np.where(copied > drafted, copied, 0)  # on a tie acceptance keeps the first longest path: the head's
+        accept = 1 + np.maximum(drafted, copied)
+        length = np.where(offered > 0, next_length(proposed, taken, longest), length)  # no branch: it stays
+        out += active * np.stack([accept, np.ones(shape), proposed])
+        position = position + np.where(active, accept, 0).astype(np.int64)
+    return out
 
 
 def calibration_prompts(count: int = 8) -> list[str]:
