@@ -213,3 +213,26 @@ def test_plain_dynamic_takes_the_tree_generate_would(flags, device, tuned):
     assert _tuned(args, plain, device) == tuned == (budget_mode(args, "dynamic", device) == "auto")
     assert not _tuned(args, sized, device) and not _tuned(args, parse_modes("vanilla")[0], device)
     assert _tuned(args, parse_modes("dynamic:auto")[0], device)
+
+
+def test_auto_prediction_takes_each_generations_own_tree():
+    """auto's predicted tokens/s for a mode sums each generation's prediction with the tree auto chose
+    for its prompt (its header's config), plain decoding where auto fell back to it."""
+    from eagle.core.config import TreeShape
+    from eagle.tools.bench.report import mode_stats
+    from eagle.tools.bench.run import Result
+    from eagle.tools.budget.choice import PLAIN, expected_seconds
+    from tests.tiny import context_auto_report
+    report = context_auto_report()
+    big = {"mode": "dynamic", "total_tokens": 8, "depth": 2, "top_k": 2, "draft_vocab": 0}
+    configs = [big, {**big, "total_tokens": 2, "depth": 1}, {**big, "mode": "vanilla"}]
+    results = [Result(q, "c", 1, "dynamic:auto", [5] * n, 0.5, n, [], prompt_tokens=p, config=c)
+               for q, n, p, c in zip((1, 2, 3), (9, 5, 3), (30, 300, 600), configs)]
+    stats = mode_stats(results, report)
+    trees = (TreeShape(8, 2, 2), TreeShape(2, 1, 2), PLAIN)
+    seconds = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), t) for r, t in zip(results, trees))
+    assert stats["predicted_tokens_per_second"] == pytest.approx(17 / seconds)
+    assert stats["predicted_accept_length"] == pytest.approx(14 / (8 / 2.6 + 4 / 1.5 + 2 / 1))
+    plain = expected_seconds(report, 600, 3, PLAIN)
+    assert plain == pytest.approx(report.costs.t_prefill(600) + 2 * report.costs.t_plain(601))
+    assert expected_seconds(report, 30, 9, TreeShape(8, 2, 2)) < expected_seconds(report, 30, 9)  # the tree pays there

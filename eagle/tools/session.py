@@ -63,7 +63,7 @@ class Session:
              context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport | None]:
         """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
         take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
-        auto's own choice, at its probe's prefix length)."""
+        auto's own choice, at its probe's prefix length), from the session's auto report if it holds one."""
         check_budget(budget, cfg.mode)
         cfg = self.lookup_policy(cfg, budget)
         if budget == "fixed":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ...core.config import MODES, TreeShape
+from ...core.config import MODES
 from ...models.headio import head_sha256
 from ...models.precision import dtype_name, runnable_dtypes
 from ...records.files import exclusive_lock, run_guarded
@@ -104,7 +104,7 @@ def _tuned_line(label: str, budget: str, reference: Choice) -> str:
                 f"size chosen up to {cfg.total_tokens}"
     else:
         shape = f"the tree per prompt by context (prompt + max_new_tokens / 2); auto's reference " \
-                f"{TreeShape.of(report.chosen).label()} (total/depth/top_k/draft vocab)"
+                f"{report.shape.label()} (total/depth/top_k/draft vocab)"
     note = f"; at the reference: {reference.note}" if reference.note else ""
     return f"{label}: {shape}, auto expects {report.expected_speedup:.2f}x {report.vanilla_label}{note}"
 

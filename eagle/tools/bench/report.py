@@ -17,7 +17,7 @@ from ...records.markdown import markdown_table
 from ...records.schema import check_object
 from ...records.stats import mean, speedup, tau, tokens_per_second
 from ...records.timing import STEP_PHASES, phase_seconds
-from ..budget.choice import expected_accept_length, expected_seconds
+from ..budget.choice import PLAIN, expected_accept_length, expected_seconds
 from ..budget.report import AutoReport
 from .run import Bench, Plan, Result
 
@@ -45,11 +45,14 @@ def mode_stats(results: list[Result], report: AutoReport | None = None) -> dict:
 
 def _tree(r: Result, report: AutoReport) -> TreeShape:
     """The tree a tuned mode's generation ran: under auto, the one chosen for its prompt (its header's
-    config); the report's own for an adaptive mode (sized every round) or a run auto turned to plain decoding."""
+    config), or PLAIN where auto expected no tree to pay; the report's own for an adaptive mode (sized
+    every round)."""
     c = r.config
+    if c.get("mode") == "vanilla":
+        return PLAIN
     if c.get("mode") == "dynamic" and "adaptive_costs" not in c and all(k in c for k in TreeShape.keys()):
         return TreeShape.of(c)
-    return TreeShape.of(report.chosen)
+    return report.shape
 
 
 def _prediction(results: list[Result], report: AutoReport) -> dict:

@@ -61,11 +61,16 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     return best["total_tokens"], best["depth"], best["top_k"], rows
 
 
+PLAIN = TreeShape(total_tokens=1, depth=0, top_k=1)  # plain decoding: a one-node tree (Costs.round_cost's convention)
+
+
 def expected_accept_length(report: AutoReport, shape: TreeShape | None = None) -> float:
     """E[accept length] of the report's chosen budget, or of another `shape` of its replayed grid (the
-    tree auto chose for another context length)."""
-    if shape is None or shape == TreeShape.of(report.chosen):
+    tree auto chose for another context length; PLAIN: one token a round)."""
+    if shape is None or shape == report.shape:
         return report.expected_accept_length
+    if shape.total_tokens == 1:
+        return 1.0
     return report.accept_table(shape.total_tokens, shape.depth, shape.top_k, shape.draft_vocab)
 
 
@@ -73,7 +78,7 @@ def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int,
                      shape: TreeShape | None = None) -> float:
     """The cost model's wall time for one generation with the report's chosen budget (or `shape`): the
     prompt's prefill, then (new_tokens - 1) / E[accept length] rounds at the generation's mean context length."""
-    s = shape or TreeShape.of(report.chosen)
+    s = shape or report.shape
     rounds = max(0, new_tokens - 1) / expected_accept_length(report, s)
     round_s = report.costs.round_cost(s.total_tokens, s.depth, s.top_k, s.draft_vocab, prompt_tokens + new_tokens // 2)
     return report.costs.t_prefill(prompt_tokens) + rounds * round_s
@@ -143,7 +148,7 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
         cached = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, refresh)
         atomic_write_json(path, cached, indent=1)
     report = AutoReport.from_cached(cached, fastest_vanilla(target, cached["t_plain"]), path)
-    return base_cfg.with_shape(TreeShape.of(report.chosen)), report
+    return base_cfg.with_shape(report.shape), report
 
 
 def fastest_vanilla(target: Target, t1: float) -> dict:
@@ -184,9 +189,10 @@ def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: 
     costs measured at several lengths). `report`: the auto report already read for this pair (bench
     reads it once per run and tunes every prompt from it); None: auto_config reads or makes it. Also
     returns the auto report (with `context` and its choice there)."""
-    report = report or auto_config(target, head, base_cfg)[1]
-    report = replace(report, context=None, context_choice=None)  # the reference: auto's own choice
-    cfg = base_cfg.with_shape(TreeShape.of(report.chosen))
+    if report is None:
+        report = auto_config(target, head, base_cfg)[1]
+    report = replace(report, context=None, context_choice=None)  # from auto's own choice, whatever it was given
+    cfg = base_cfg.with_shape(report.shape)
     if budget == "auto":
         if context is not None:
             row = choice_at_context(report, context)

@@ -21,7 +21,7 @@ class AutoReport:
     """auto_config's answer. expected_speedup and beats_vanilla are against the fastest vanilla decoding
     here (any precision: vanilla_dtype), the *_same_dtype figures against vanilla at the target's own;
     the rows of curve, top and best_per_vocab keep their same-dtype speed-ups."""
-    chosen: dict[str, int]  # the budget: TreeShape's keys (TreeShape.of(report.chosen))
+    chosen: dict[str, int]  # the budget: TreeShape's keys (as a TreeShape: .shape)
     curve: list[Row]  # the chosen depth, top_k and vocabulary at every searched total_tokens
     top: list[Row]  # the five best budgets
     best_per_vocab: list[Row]  # the best budget of each draft vocabulary, best first
@@ -62,6 +62,11 @@ class AutoReport:
                    vanilla_same_dtype_tokens_per_s=cached["vanilla_tokens_per_s"], vanilla_dtype=fastest["dtype"],
                    same_dtype_factor=factor, costs=Costs.from_json(cached["costs"]),
                    accept_table=AcceptModel.from_json(cached["accept_table"]), auto_file=str(path))
+
+    @property
+    def shape(self) -> TreeShape:
+        """The chosen budget's tree."""
+        return TreeShape.of(self.chosen)
 
     @property
     def vanilla_label(self) -> str:
