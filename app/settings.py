@@ -10,7 +10,7 @@ from typing import Callable
 
 import streamlit as st
 
-from eagle.core.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits
+from eagle.core.config import MODES, PRESETS, RANGES, TEMPERATURE_MAX, DecodeConfig, ModelLimits, TreeShape
 from eagle.tools.budget.report import AutoReport
 
 from . import benchmarks
@@ -23,7 +23,6 @@ DEFAULTS = DecodeConfig(mode="dynamic", max_new_tokens=48, total_tokens=PRESETS[
                         draft_vocab=PRESETS["cpu"].draft_vocab)
 BUDGETS = ("auto", "adaptive", "manual")
 POLICIES = {"auto": "auto", "adaptive": "adaptive", "manual": "fixed"}  # radio -> eagle.tools.session's budget
-TREE_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
 BROWSER_INT_MAX = 2**53 - 1  # a browser's number input holds whole numbers exactly up to here
 SEED_HELP = f"0 to {BROWSER_INT_MAX:,}: the largest whole number a browser holds exactly"
 
@@ -96,7 +95,7 @@ def _start_manual_from_auto(prefix: str) -> None:
     """Switching to manual starts the tree inputs from the budget auto chose, not from fixed defaults."""
     chosen = st.session_state.get(f"{prefix}_auto_chosen")
     if st.session_state.get(f"{prefix}_budget") == "manual" and chosen:
-        for name in TREE_FIELDS:
+        for name in TreeShape.keys():
             put(f"{prefix}_{name}", int(chosen[name]))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .tools.checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
-from .core.config import MODES, DecodeConfig
+from .core.config import MODES, DecodeConfig, TreeShape
 from .core.decode import PromptError, encode_prompt, generate
 from .records.files import atomic_write_json, run_guarded
 from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
@@ -26,7 +26,6 @@ from .models.precision import device_name, dtype_name
 from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
 from .tools.budget.choice import auto_config
-from .tools.budget.costs import BUDGET_KEYS
 from .tools.budget.report import AutoReport
 from .tools.headexport import export_head
 from .tools.session import Session
@@ -115,7 +114,7 @@ def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, s
 def _budget_line(budget: str, report: AutoReport) -> str:
     chosen = report.context_choice or {**report.chosen, "speedup": report.expected_speedup}
     where = f" for a {report.context}-token context" if report.context is not None else ""
-    shape = {k: chosen[k] for k in BUDGET_KEYS}
+    shape = TreeShape.of(chosen).as_dict()
     return (f"budget {budget}: {shape}{where} (auto expects {chosen['speedup']:.2f}x {report.vanilla_label}; "
             "--budget fixed for the flags' values)")
 
@@ -138,8 +137,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
         print(f"{r['total_tokens']:9d}  {r['accept_length']:12.2f}  {1000 * r['round_s']:8.1f}  "
               f"{r['tokens_per_s']:14.1f}")
     for row in report.by_context:
-        shape = "/".join(str(row[k]) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
-        print(f"at a {row['context']:4d}-token context: {shape} (total/depth/top_k/vocab), "
+        print(f"at a {row['context']:4d}-token context: {TreeShape.of(row).label()} (total/depth/top_k/vocab), "
               f"expected {row['speedup']:.2f}x {report.vanilla_label}")
     print(f"report: {report.auto_file}")
     return 0
@@ -165,8 +163,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not args.no_tiny:
         tiny, tiny_head = tiny_llama(target)
         profiles.append(profile_rounds(tiny, tiny_head, cfg, prompts, model_label(tiny)))
-    shape = "/".join(str(getattr(cfg, k)) for k in ("total_tokens", "depth", "top_k", "draft_vocab"))
-    print(f"{cfg.mode} {shape} (total/depth/top_k/vocab{', adaptive' if costs else ''}), head {source}, "
+    print(f"{cfg.mode} {cfg.shape.label()} (total/depth/top_k/vocab{', adaptive' if costs else ''}), head {source}, "
           f"{len(prompts)} MT-bench prompts x {cfg.max_new_tokens} tokens, {torch.get_num_threads()} threads, "
           f"{device_name(target.device)}")
     print(format_profiles(profiles))

@@ -135,6 +135,7 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     """dynamic:auto takes the auto budget and dynamic:adaptive its shape with per-round sizes; both stay
     lossless and resumable. The auto report is fixed here (auto_config itself: test_budget)."""
     from eagle.tools.budget import choice as budget_choice, costs as budget_costs
+    from eagle.tools.budget.replay import AcceptModel
     from eagle.core.config import DecodeConfig
     from tests.tiny import fixed_auto_report
     chosen = dict(total_tokens=4, depth=2, top_k=3, draft_vocab=0)
@@ -142,7 +143,11 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
              for n in (2, 4, 8)]
     t_verify = {1: 0.04, 2: 0.045, 4: 0.05, 8: 0.07}
     costs = budget_costs.Costs("k", t_verify, {"3/0": (0.01, 0.005)}, 0.002, prefill={32: 0.1, 192: 0.3}, host_tree=0.001)
-    report = fixed_auto_report(chosen, costs, curve, expected_speedup=1.1, expected_tokens_per_s=3.0)
+    # a replayed grid where 4/2/3/0 is the best tree at every context (test_session: one where it is not)
+    grid = AcceptModel.from_json({"ns": [1, 2, 4, 8], "depths": [2], "top_ks": [3], "vocabs": [0],
+                                  "grid": {"3/0": [[1.0, 1.5, 2.5, 2.6]]}})
+    report = fixed_auto_report(chosen, costs, curve, expected_speedup=1.1, expected_tokens_per_s=3.0,
+                               expected_accept_length=2.5, accept_table=grid)
     monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg.with_(**chosen), report))
     modes = "vanilla,dynamic:auto,dynamic:adaptive"
     args = ["--dataset", "mt_bench", "--dtype", "float32", "--limit", "1", "--max-new-tokens", "12", "--modes", modes,
@@ -155,12 +160,12 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     # printed beside what the run measured, with the two parts it predicts
     header = read_trace(tmp_path / "traces" / "dynamic-auto.jsonl")[0][0].header
     new = summary["modes"]["dynamic:auto"]["tokens"]
-    rounds_s = (new - 1) / 1.5 * costs.round_cost(4, 2, 3, 0, header.prompt_tokens + new // 2)
+    rounds_s = (new - 1) / 2.5 * costs.round_cost(4, 2, 3, 0, header.prompt_tokens + new // 2)
     expected = new / (costs.t_prefill(header.prompt_tokens) + rounds_s)
     assert summary["modes"]["dynamic:auto"]["predicted_tokens_per_second"] == pytest.approx(expected, rel=1e-5)
     assert summary["modes"]["dynamic:auto"]["predicted_round_ms"] == pytest.approx(1000 * costs.round_cost(4, 2, 3, 0))
     assert summary["modes"]["vanilla"]["predicted_tokens_per_second"] is None
-    assert f"auto's cost model: dynamic:auto: predicted {expected:.2f} tok/s (accept 1.50, " in printed
+    assert f"auto's cost model: dynamic:auto: predicted {expected:.2f} tok/s (accept 2.50, " in printed
     auto = header.config
     adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
     assert {k: auto[k] for k in chosen} == chosen
@@ -208,3 +213,26 @@ def test_plain_dynamic_takes_the_tree_generate_would(flags, device, tuned):
     assert _tuned(args, plain, device) == tuned == (budget_mode(args, "dynamic", device) == "auto")
     assert not _tuned(args, sized, device) and not _tuned(args, parse_modes("vanilla")[0], device)
     assert _tuned(args, parse_modes("dynamic:auto")[0], device)
+
+
+def test_auto_prediction_takes_each_generations_own_tree():
+    """auto's predicted tokens/s for a mode sums each generation's prediction with the tree auto chose
+    for its prompt (its header's config), plain decoding where auto fell back to it."""
+    from eagle.core.config import TreeShape
+    from eagle.tools.bench.report import mode_stats
+    from eagle.tools.bench.run import Result
+    from eagle.tools.budget.choice import PLAIN, expected_seconds
+    from tests.tiny import context_auto_report
+    report = context_auto_report()
+    big = {"mode": "dynamic", "total_tokens": 8, "depth": 2, "top_k": 2, "draft_vocab": 0}
+    configs = [big, {**big, "total_tokens": 2, "depth": 1}, {**big, "mode": "vanilla"}]
+    results = [Result(q, "c", 1, "dynamic:auto", [5] * n, 0.5, n, [], prompt_tokens=p, config=c)
+               for q, n, p, c in zip((1, 2, 3), (9, 5, 3), (30, 300, 600), configs)]
+    stats = mode_stats(results, report)
+    trees = (TreeShape(8, 2, 2), TreeShape(2, 1, 2), PLAIN)
+    seconds = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), t) for r, t in zip(results, trees))
+    assert stats["predicted_tokens_per_second"] == pytest.approx(17 / seconds)
+    assert stats["predicted_accept_length"] == pytest.approx(14 / (8 / 2.6 + 4 / 1.5 + 2 / 1))
+    plain = expected_seconds(report, 600, 3, PLAIN)
+    assert plain == pytest.approx(report.costs.t_prefill(600) + 2 * report.costs.t_plain(601))
+    assert expected_seconds(report, 30, 9, TreeShape(8, 2, 2)) < expected_seconds(report, 30, 9)  # the tree pays there

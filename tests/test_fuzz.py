@@ -181,7 +181,7 @@ def test_a_truncated_trace_keeps_every_complete_record(data) -> None:
 # ---- bench's store (its mode traces) -------------------------------------------------------------
 def _expected() -> Expected:
     t = _traces()[0]
-    return Expected("dynamic", t.header.config, t.header.model, "h", {})
+    return Expected("dynamic", lambda prompt_tokens: t.header.config, t.header.model, "h", {})
 
 
 @FUZZ

@@ -129,3 +129,19 @@ def fixed_auto_report(chosen: dict, costs, curve: list[dict] | None = None, **fi
                   host_ms={"tree": 1000 * costs.host_tree, "plain": 1000 * costs.host_plain}, calibration_rounds=1,
                   calibration_accept_length=1.5, costs=costs, accept_table=grid, costs_file="", auto_file="")
     return AutoReport(**{**values, **figures})
+
+
+def context_auto_report():
+    """An AutoReport with a replayed grid whose best tree depends on the context length: at auto's
+    reference (its probe's prefix) verifying is dear and 2/1/2/0 wins; over a short context verify is
+    cheap and 8/2/2/0 wins. Both beat plain decoding (no fallback to vanilla)."""
+    from eagle.tools.budget.costs import Costs
+    from eagle.tools.budget.replay import AcceptModel
+    steep, flat = {1: 0.010, 2: 0.011, 4: 0.016, 8: 0.040}, {1: 0.010, 2: 0.010, 4: 0.010, 8: 0.011}
+    costs = Costs("k", steep, {"2/0": (0.001, 0.001)}, 0.001, verify_by_context={16: flat, 192: steep},
+                  prefill={32: 0.02, 192: 0.1})
+    grid = AcceptModel.from_json({"ns": [1, 2, 4, 8], "depths": [1, 2], "top_ks": [2], "vocabs": [0],
+                                  "grid": {"2/0": [[1.0, 1.5, 1.8, 1.9], [1.0, 1.5, 2.0, 2.6]]}})
+    chosen = dict(total_tokens=2, depth=1, top_k=2, draft_vocab=0)
+    return fixed_auto_report(chosen, costs, accept_table=grid, expected_accept_length=1.5, expected_speedup=1.07,
+                             expected_speedup_same_dtype=1.07)

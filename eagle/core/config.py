@@ -1,7 +1,8 @@
 """Decoding configuration: one dataclass, a few presets, validated in one place."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
 Mode = Literal["vanilla", "static", "dynamic"]
@@ -28,6 +29,35 @@ class SettingError(ValueError, TypeError):
     combination that cannot run: one sentence naming it. A ValueError (the commands' error boundary
     prints it as one line, exit 2) and a TypeError (what Python raises for a wrong keyword), so either
     catches it; `from eagle import SettingError`."""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What a tree budget sets: nodes verified per round (root included), the draft's expansion rounds,
+    its beam width and its draft vocabulary (0: the full vocabulary). Its field names are DecodeConfig's
+    and the JSON files' (auto reports, bench summaries), so `of` reads either."""
+    total_tokens: int
+    depth: int
+    top_k: int
+    draft_vocab: int = 0
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls, source: "DecodeConfig | Mapping") -> "TreeShape":
+        """The shape of a DecodeConfig, or of a mapping holding these keys (a budget row, a JSON config)."""
+        if isinstance(source, Mapping):
+            return cls(*(source[k] for k in cls.keys()))
+        return cls(*(getattr(source, k) for k in cls.keys()))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def label(self) -> str:
+        """total/depth/top_k/draft vocab, as a bench mode names it: "60/6/10/0"."""
+        return "/".join(str(v) for v in self.as_dict().values())
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,13 @@ class DecodeConfig:
 
     def with_(self, **changes) -> "DecodeConfig":
         return replace(self, **changes).validate()
+
+    @property
+    def shape(self) -> TreeShape:
+        return TreeShape.of(self)
+
+    def with_shape(self, shape: TreeShape) -> "DecodeConfig":
+        return self.with_(**shape.as_dict())
 
 
 # Presets: the paper's GPU budget, and the fastest budget of the measured 2-core CPU sweep

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from .checks import check_ranges, check_seed
-from ..core.config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError
+from ..core.config import BUDGETS, MODES, PRESETS, DecodeConfig, SettingError, TreeShape
 from ..models.head import AnyHead
 from ..models.headio import locate_head, resolve_head
 from ..models.loader import load_target
@@ -68,8 +68,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "auto's draft shape, with each round's tree size chosen from its path values")
 
 
-TREE_FLAGS = ("total_tokens", "depth", "top_k", "draft_vocab")  # None: the preset's, the budget's or the default
-INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TREE_FLAGS, "lookup_tokens", "threads")
+# the tree flags (TreeShape.keys()) are None unless given: the preset's, the budget's or the default
+INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TreeShape.keys(), "lookup_tokens", "threads")
 FLOAT_SETTINGS = ("temperature", "top_p")
 CHOICES: dict[str, tuple[str, ...]] = {"mode": MODES, "preset": tuple(sorted(PRESETS)), "budget": BUDGETS,
                                        "dtype": DTYPE_CHOICES}
@@ -159,7 +159,7 @@ class DecodeSettings:
     def config(self) -> DecodeConfig:
         """The DecodeConfig: the preset's (or the defaults'), with the tree flags given applied."""
         base = PRESETS[self.preset] if self.preset else DecodeConfig()
-        overrides = {k: getattr(self, k) for k in (*TREE_FLAGS, "lookup_tokens") if getattr(self, k) is not None}
+        overrides = {k: getattr(self, k) for k in (*TreeShape.keys(), "lookup_tokens") if getattr(self, k) is not None}
         return base.with_(mode=self.mode, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                           top_p=self.top_p, top_k_sampling=self.top_k_sampling, seed=check_seed(self.seed),
                           **overrides)
@@ -205,7 +205,7 @@ def budget_mode(args: DecodeSettings, mode: str, device_type: str) -> str:
         return args.budget
     if mode != "dynamic":
         return "fixed"
-    explicit = args.preset or any(getattr(args, k) is not None for k in TREE_FLAGS)
+    explicit = args.preset or any(getattr(args, k) is not None for k in TreeShape.keys())
     return "auto" if device_type == "cpu" and not explicit else "fixed"
 
 

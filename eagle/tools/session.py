@@ -36,13 +36,24 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What a prompt decodes with under a budget policy (Session.choose)."""
+    config: DecodeConfig
+    costs: RoundCosts | None  # the adaptive budget's per-round size model (None: a fixed tree)
+    report: AutoReport | None  # the auto report when a budget was tuned
+    note: str | None  # why the settings were changed (auto fell back to plain decoding)
+
+
+@dataclass(frozen=True)
 class Session:
     """The target, its draft head and what trace headers record of the head (hashed once: hashing
-    reads every weight)."""
+    reads every weight). `auto`: the auto report to tune every prompt from (bench reads it once per
+    run); None: each tune reads it (or makes it) and checks it was not timed under load."""
     target: Target
     head: AnyHead | None
     head_source: str | None
     identity: dict = field(default_factory=lambda: head_identity(None))
+    auto: AutoReport | None = None
 
     @classmethod
     def of(cls, target: Target, head: AnyHead | None, head_source: str | None) -> "Session":
@@ -52,12 +63,12 @@ class Session:
              context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport | None]:
         """The config under a budget policy: fixed keeps its tree; auto and adaptive (dynamic mode only)
         take the machine-tuned tree for a generation whose mean context is `context` tokens (None:
-        auto's own choice, at its probe's prefix length)."""
+        auto's own choice, at its probe's prefix length), from the session's auto report if it holds one."""
         check_budget(budget, cfg.mode)
         cfg = self.lookup_policy(cfg, budget)
         if budget == "fixed":
             return cfg, None, None
-        return tuned_config(self.target, self.head, cfg, budget, context=context)
+        return tuned_config(self.target, self.head, cfg, budget, context=context, report=self.auto)
 
     @staticmethod
     def lookup_policy(cfg: DecodeConfig, budget: str) -> DecodeConfig:
@@ -82,18 +93,27 @@ class Session:
         why = f"the auto budget expects no tree to pay here (its best, {expected:.2f}x vanilla at this precision)"
         return cfg.with_(mode="vanilla", lookup_tokens=0), f"{why}: decoding as vanilla"
 
-    def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:
-        """Encode (a bad prompt fails before any tuning), tune, and build the decoder and header; `meta`
-        adds front-end fields to the header's meta (bench: the question id, category and turn)."""
-        ids = encode_prompt(self.target.tokenizer, prompt, self.target.max_context)
+    def choose(self, cfg: DecodeConfig, budget: str, prompt_tokens: int | None) -> Choice:
+        """What a prompt of `prompt_tokens` tokens decodes with: the tree tuned for the generation's
+        mean context (the prompt plus half the reply it may write), or plain decoding where auto
+        expects no tree to pay. Bench's resume asks it again for a stored generation's prompt length;
+        None: auto's reference choice, at its probe's prefix length (what bench prints at start)."""
         # the generation's mean context: the prompt plus half the reply it may write
-        cfg, costs, report = self.tune(cfg, budget, len(ids) + cfg.max_new_tokens // 2)
+        context = None if prompt_tokens is None else prompt_tokens + cfg.max_new_tokens // 2
+        cfg, costs, report = self.tune(cfg, budget, context)
         cfg, note = self.fallback(cfg, report)
-        costs = costs if cfg.mode in DRAFT_MODES else None
-        decoder = Decoder(self.target, self.head if cfg.mode in DRAFT_MODES else None, cfg, costs)
-        if note:  # the trace says why it is not the mode asked for
-            meta = {**meta, "note": note}
-        return Prepared(ids, cfg, decoder, self.header(prompt, cfg, len(ids), **meta), report, note)
+        return Choice(cfg, costs if cfg.mode in DRAFT_MODES else None, report, note)
+
+    def prepare(self, prompt: Prompt, cfg: DecodeConfig, budget: str = "fixed", **meta) -> Prepared:
+        """Encode (a bad prompt fails before any tuning), choose the tree, and build the decoder and
+        header; `meta` adds front-end fields to the header's meta (bench: the question id, category and turn)."""
+        ids = encode_prompt(self.target.tokenizer, prompt, self.target.max_context)
+        choice = self.choose(cfg, budget, len(ids))
+        cfg = choice.config
+        decoder = Decoder(self.target, self.head if cfg.mode in DRAFT_MODES else None, cfg, choice.costs)
+        if choice.note:  # the trace says why it is not the mode asked for
+            meta = {**meta, "note": choice.note}
+        return Prepared(ids, cfg, decoder, self.header(prompt, cfg, len(ids), **meta), choice.report, choice.note)
 
     def header(self, prompt: Prompt, cfg: DecodeConfig | dict, prompt_tokens: int, **meta) -> TraceHeader:
         """The one trace header: model, the head only when the mode drafts, the config as run (a dict

@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,9 +19,8 @@ from ...models.precision import dtype_name, runnable_dtypes
 from ...records.files import exclusive_lock, run_guarded
 from ...records.questions import DATASETS, load_questions, select_questions
 from ...records.schema import FileFormatError
-from ..budget.choice import tuned_config
 from ..budget.report import AutoReport
-from ..session import Session
+from ..session import Choice, Session
 from ..checks import ArgumentParser, check_argv, check_output, check_runtime_args
 from ..loading import KNOBS_EPILOG, DecodeSettings, ModelSpec, add_decode_args, budget_mode, check_local_paths, \
     config_from_args, flag_name, load_pair, model_spec
@@ -66,36 +66,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_configs(args: argparse.Namespace, specs: list[ModeSpec], bench_pairs: dict[str, Pair],
-                  default_dtype: str) -> tuple[dict, AutoReport | None, dict, dict[str, AutoReport]]:
-    """One DecodeConfig per mode label (hf modes keep the sampling fields), the auto-budget report
-    (or None) and the adaptive modes' round costs. dynamic:auto, and a plain dynamic wherever generate
-    would use auto (see _tuned), take the auto budget; dynamic:adaptive its shape with a per-round
-    size; and per tuned mode the auto report its budget came from (at the mode's dtype: the summary
-    sets what it predicts beside what the mode measured)."""
-    configs, costs, report, predicted = {}, {}, None, {}
+                  default_dtype: str) -> tuple[dict, dict[str, str], AutoReport | None, dict[str, AutoReport]]:
+    """One DecodeConfig per mode label before the budget policy (hf modes keep the sampling fields),
+    each tuned mode's budget, the auto-budget report (or None), and per tuned mode the auto report its
+    trees come from, read (or made) here once per run at the mode's dtype. dynamic:auto, and a plain
+    dynamic wherever generate would use auto (see _tuned), take the auto budget: each prompt then gets
+    the tree auto chooses for its context, as generate gives it (Session.prepare); dynamic:adaptive
+    auto's shape with a per-round size. The summary sets what a report predicts beside what the mode measured."""
+    configs, budgets, report, predicted = {}, {}, None, {}
     for spec in specs:
         pair = bench_pairs[spec.dtype or default_dtype]
-        target, head = pair.target, pair.head
         cfg = config_from_args(args, spec.kind if spec.kind in MODES else "vanilla").with_(**dict(spec.overrides))
-        tuned = _tuned(args, spec, target.device.type)
-        budget = (spec.budget if spec.budget != "fixed" else "auto") if tuned else "fixed"
-        cfg = Session.lookup_policy(cfg, budget)
-        if tuned:
-            cfg, round_costs, report = tuned_config(target, head, cfg, budget)
-            if round_costs is not None:
-                costs[spec.label] = round_costs
-            predicted[spec.label] = report
-            print(f"{spec.label}: {asdict(cfg) if round_costs else report.chosen}, auto expects "
-                  f"{report.expected_speedup:.2f}x {report.vanilla_label}", file=sys.stderr)
+        configs[spec.label] = cfg
+        if _tuned(args, spec, pair.target.device.type):
+            budgets[spec.label] = spec.budget if spec.budget != "fixed" else "auto"
+            # no header here, so no head hash: the reference choice and the report every prompt tunes from
+            reference = Session(pair.target, pair.head, pair.source).choose(cfg, budgets[spec.label], None)
+            report = predicted[spec.label] = reference.report
+            cfg = reference.config
+            print(_tuned_line(spec.label, budgets[spec.label], reference), file=sys.stderr)
         elif spec.kind in ("static", "dynamic"):
-            print(f"{spec.label}: fixed tree {cfg.total_tokens}/{cfg.depth}/{cfg.top_k}/{cfg.draft_vocab} "
-                  "(total/depth/top_k/draft vocab)", file=sys.stderr)
+            print(f"{spec.label}: fixed tree {cfg.shape.label()} (total/depth/top_k/draft vocab)", file=sys.stderr)
+        head = pair.head
         no_counts = head is not None and cfg.draft_vocab and head.draft_vocab_ids(cfg.draft_vocab) is None
         if spec.kind in ("static", "dynamic") and no_counts:
             print(f"note: {spec.label}: the head has no token counts, so draft_vocab {cfg.draft_vocab} "
                   "falls back to the full vocabulary", file=sys.stderr)
-        configs[spec.label] = cfg
-    return configs, report, costs, predicted
+    return configs, budgets, report, predicted
+
+
+def _tuned_line(label: str, budget: str, reference: Choice) -> str:
+    """The start-of-run line of a tuned mode: its trees are chosen per prompt (auto) or per round
+    (adaptive); the reference is auto's own choice, at its probe's prefix length."""
+    report, cfg = reference.report, reference.config
+    if budget == "adaptive":
+        shape = f"auto's shape {cfg.depth}/{cfg.top_k}/{cfg.draft_vocab} (depth/top_k/draft vocab), each round's " \
+                f"size chosen up to {cfg.total_tokens}"
+    else:
+        shape = f"the tree per prompt by context (prompt + max_new_tokens / 2); auto's reference " \
+                f"{report.shape.label()} (total/depth/top_k/draft vocab)"
+    note = f"; at the reference: {reference.note}" if reference.note else ""
+    return f"{label}: {shape}, auto expects {report.expected_speedup:.2f}x {report.vanilla_label}{note}"
 
 
 def _tuned(args: argparse.Namespace, spec: ModeSpec, device_type: str) -> bool:
@@ -189,14 +200,15 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     if args.baselines == "fastest":
         plan.specs = with_baselines(plan.specs, default_dtype, runnable_dtypes(pairs[default_dtype].target.device))
         pairs, default_dtype = load_pairs(args, plan.specs, pairs)
-    configs, budget_report, costs, predicted = build_configs(args, plan.specs, pairs, default_dtype)
-    bench = Bench(pairs, default_dtype, configs, plan.specs, costs, predicted)
+    configs, budgets, budget_report, predicted = build_configs(args, plan.specs, pairs, default_dtype)
+    bench = Bench(pairs, default_dtype, configs, plan.specs, budgets, predicted)
     by_id = {q.question_id: q for q in plan.questions}
     if args.export == "spec-bench":  # before anything is written: the export must not mix unlike runs
         check_same_run(plan.out, {s.label for s in plan.specs}, _run_settings(bench, plan, default_dtype))
     done: dict[Key, Result] = {}
     for spec in plan.specs:
-        want = Expected(spec.label, bench.config_dict(spec), bench.pair(spec).target.name, bench.head_sha(spec), by_id)
+        want = Expected(spec.label, partial(bench.config_dict, spec), bench.pair(spec).target.name,
+                        bench.head_sha(spec), by_id)
         done.update(load_store(plan.trace_path(spec), want))
     resumed = sum(k in done for k in plan.keys())
     if resumed:
@@ -211,8 +223,8 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
                    "head_sha": bench.pairs[default_dtype].head_sha, "threads": torch.get_num_threads(),
                    "dataset": str(args.dataset), "dtype": default_dtype,
                    "budget": budget_report.to_json() if budget_report else None,
-                   "configs": {s.label: bench.config_dict(s) for s in plan.specs}}
-        write_outputs(plan, results, summary, summary["configs"])
+                   "configs": {s.label: _reference_config(bench, s) for s in plan.specs}}
+        write_outputs(plan, results, summary)
     print_report(summary)
     if args.export == "spec-bench":
         tokenizer = bench.pairs[default_dtype].target.tokenizer  # speed.py recounts the baseline with it
@@ -225,9 +237,16 @@ def _run_locked(args: argparse.Namespace, plan: Plan, bad: int) -> int:
     return _check_lossless(summary, plan.specs)
 
 
+def _reference_config(bench: Bench, spec: ModeSpec) -> dict:
+    """summary.json's config of a mode: a tuned mode's (its "budget" named) at auto's reference context,
+    its trees per prompt being in each trace header and in steps.parquet."""
+    budget = bench.budget(spec)
+    return {**bench.config_dict(spec, None), **({"budget": budget} if budget != "fixed" else {})}
+
+
 def _run_settings(bench: Bench, plan: Plan, default_dtype: str) -> RunSettings:
     """What the Spec-Bench export requires every method in --out to share with this run."""
-    config = bench.config_dict(plan.specs[0])
+    config = bench.config_dict(plan.specs[0], None)
     return RunSettings(bench.target.name, {k: config.get(k) for k in RUN_FIELDS}, plan.dataset, default_dtype,
                        bench.pairs[default_dtype].head_sha, {q.question_id: list(q.turns) for q in plan.questions},
                        frozenset((qid, turn) for qid, turn, _ in plan.keys()))

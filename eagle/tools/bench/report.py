@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from ...core.config import TreeShape
 from ...core.decode import encode_prompt
 from ...core.lossless import first_divergence, gap_and_top_at, is_precision_flip
 from ...records.files import atomic_write, read_json_object
@@ -16,10 +17,9 @@ from ...records.markdown import markdown_table
 from ...records.schema import check_object
 from ...records.stats import mean, speedup, tau, tokens_per_second
 from ...records.timing import STEP_PHASES, phase_seconds
-from ..budget.choice import expected_seconds
+from ..budget.choice import PLAIN, expected_accept_length, expected_round_s, expected_seconds
 from ..budget.report import AutoReport
 from .run import Bench, Plan, Result
-from .spec import BUDGET_FIELDS
 
 
 # ---- summaries --------------------------------------------------------------------------------
@@ -31,8 +31,9 @@ def mode_stats(results: list[Result], report: AutoReport | None = None) -> dict:
     """Totals over generations, by eagle.records.stats: tokens/s is total tokens over total wall time (not a
     mean of ratios); tau = new tokens / target forwards (prefill counted as one; HF generate: 1 per
     token, PLD fewer). With the auto `report` a tuned mode's budget came from, also what its cost
-    model predicted for these same generations (prompt lengths and token counts), and the measured
-    parts it predicts: the accept length and the time of a drafted round."""
+    model predicted for these same generations (prompt lengths and token counts, each with the tree
+    auto chose for its prompt), and the measured parts it predicts: the accept length and the time of
+    a drafted round."""
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
     forwards = sum(r.forwards for r in results)
@@ -42,15 +43,34 @@ def mode_stats(results: list[Result], report: AutoReport | None = None) -> dict:
     return {**stats, **_prediction(results, report)} if report and results else stats
 
 
+def _tree(r: Result, report: AutoReport) -> TreeShape:
+    """The tree a tuned mode's generation ran: under auto, the one chosen for its prompt (its header's
+    config), or PLAIN where auto expected no tree to pay; the report's own for an adaptive mode (sized
+    every round)."""
+    c = r.config
+    if c.get("mode") == "vanilla":
+        return PLAIN
+    if c.get("mode") == "dynamic" and "adaptive_costs" not in c and all(k in c for k in TreeShape.keys()):
+        return TreeShape.of(c)
+    return report.shape
+
+
 def _prediction(results: list[Result], report: AutoReport) -> dict:
-    rounds = [s for r in results for s in r.steps if s.step > 0]
-    predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens)) for r in results)
-    c = report.chosen
-    round_s = report.costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
-                                      lookup_nodes=report.expected_lookup_nodes)
+    """The prediction for each generation with its own tree; the two parts as means over the
+    generations' trees, weighted by their predicted rounds (the round time at the reference context)."""
+    steps = [s for r in results for s in r.steps if s.step > 0]
+    trees = [_tree(r, report) for r in results]
+    predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), t) for r, t in zip(results, trees))
+    drafted = [max(0, len(r.tokens) - 1) for r in results]
+    rounds = [n / expected_accept_length(report, t) for n, t in zip(drafted, trees)]
+    round_s = [expected_round_s(report, t) for t in trees]
+    if sum(rounds) > 0:
+        accept, round_s = sum(drafted) / sum(rounds), sum(n * s for n, s in zip(rounds, round_s)) / sum(rounds)
+    else:  # no drafted round predicted (one-token generations): the reference tree's figures
+        accept, round_s = report.expected_accept_length, round_s[0]
     return {"predicted_tokens_per_second": tokens_per_second(sum(len(r.tokens) for r in results), predicted_s),
-            "predicted_accept_length": report.expected_accept_length, "predicted_round_ms": 1000 * round_s,
-            "round_ms": 1000 * mean([sum(s.timings.values()) for s in rounds])}
+            "predicted_accept_length": accept, "predicted_round_ms": 1000 * round_s,
+            "round_ms": 1000 * mean([sum(s.timings.values()) for s in steps])}
 
 
 def _reference(by_mode: dict[str, dict], bench: Bench, kind: str, dtype: str) -> str | None:
@@ -157,19 +177,20 @@ def summarize(results: list[Result], bench: Bench, greedy: bool) -> dict:
             "mismatches": mismatches(results, bench, found) if greedy else None, "divergences": found}
 
 
-def steps_table(results: list[Result], configs: dict[str, dict]):
-    """One row per step (an hf generation is one row); pandas only here, for the Parquet file."""
+def steps_table(results: list[Result]):
+    """One row per step (an hf generation is one row), with the tree its generation ran (auto's: chosen
+    per prompt); pandas only here, for the Parquet file."""
     import pandas as pd
     rows = []
     for r in results:
-        cfg = configs.get(r.mode, {})
+        cfg = r.config
         for s in r.steps:
             rows.append({"question_id": str(r.question_id), "category": r.category, "turn": r.turn,
                          "mode": r.mode, "kind": s.mode, "step": s.step, "accept_length": s.accept_length,
                          "new_tokens": len(s.new_tokens), "target_forwards": s.target_forwards,
                          "drafted": max(0, len(s.nodes) - 1), "verified": sum(n.kept for n in s.nodes[1:]),
                          **{f"t_{k}": phase_seconds(s.timings, k) for k in (*STEP_PHASES, "generate")},
-                         "finished": s.finished, **{k: cfg.get(k) for k in (*BUDGET_FIELDS, "temperature")}})
+                         "finished": s.finished, **{k: cfg.get(k) for k in (*TreeShape.keys(), "temperature")}})
     return pd.DataFrame(rows)
 
 
@@ -184,9 +205,9 @@ def _clean(obj):
     return obj
 
 
-def write_outputs(plan: Plan, results: list[Result], summary: dict, configs: dict[str, dict]) -> None:
+def write_outputs(plan: Plan, results: list[Result], summary: dict) -> None:
     plan.out.mkdir(parents=True, exist_ok=True)
-    table = steps_table(results, configs)
+    table = steps_table(results)
     parquet = io.BytesIO()
     table.to_parquet(parquet, index=False)
     atomic_write(plan.out / "steps.parquet", parquet.getvalue())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from ...models.target import Target
 from ...records.questions import Question
 from ...records.trace import StepRecord, Trace, TraceHeader, append_trace
 from ..budget.report import AutoReport
-from ..session import Session
+from ..session import Choice, Prepared, Session
 from .spec import HF_MODES, PLD_TOKENS, ModeSpec, hf_config
 
 WARMUP_TOKENS = 8
@@ -38,6 +38,7 @@ class Result:
     steps: list[StepRecord] = field(repr=False)
     messages: list[dict] = field(default_factory=list, repr=False)  # the chat the prompt was built from
     prompt_tokens: int = 0  # the encoded prompt's length (what the cost model's prefill depends on)
+    config: dict = field(default_factory=dict, repr=False)  # as its trace header records it (auto's tree per prompt)
 
 
 class HFRunner:
@@ -81,14 +82,19 @@ class Pair:
 
 
 class Bench:
-    """The models (one pair per dtype), one runner per mode, and the trace header each generation gets."""
+    """The models (one pair per dtype), one runner per mode, and the trace header each generation gets.
+    A decoder mode's generation is prepared by Session.prepare, as generate prepares it: under the auto
+    budget each prompt gets the tree auto chooses for its context, from the auto report read once per run."""
 
     def __init__(self, pairs: dict[str, Pair], default_dtype: str, configs: dict[str, DecodeConfig],
-                 specs: list[ModeSpec], costs: dict | None = None, predicted: dict[str, AutoReport] | None = None) -> None:
+                 specs: list[ModeSpec], budgets: dict[str, str] | None = None,
+                 predicted: dict[str, AutoReport] | None = None) -> None:
         self.pairs, self.default_dtype, self.specs = pairs, default_dtype, specs
-        self.configs, self.costs = configs, costs or {}  # costs: label -> RoundCosts (adaptive modes)
+        self.configs = configs  # label -> the settings before the budget policy (hf modes: as run)
+        self.budgets = budgets or {}  # label -> "auto" / "adaptive" (tuned modes; the others "fixed")
         self.predicted = predicted or {}  # label -> the auto report its budget came from (tuned modes)
         self._sessions: dict[str, Session] = {}
+        self._choices: dict[tuple[str, int | None], Choice] = {}
         self.hf = {s.label: HFRunner(self.pair(s).target, configs[s.label], s.kind) for s in specs
                    if s.kind in HF_MODES}
 
@@ -111,19 +117,37 @@ class Bench:
     def pair(self, spec: ModeSpec) -> Pair:
         return self.pairs[self.dtype(spec)]
 
-    def config_dict(self, spec: ModeSpec) -> dict:
-        cfg = self.configs[spec.label]
-        if spec.kind in HF_MODES:
-            return {**hf_config(cfg, spec.kind), "dtype": self.dtype(spec)}
-        costs = self.costs.get(spec.label)
-        # lists, not tuples: the dict must equal its JSON round trip for resume to recognise it
-        extra = {"adaptive_costs": costs.to_json()} if costs else {}
-        return {**asdict(cfg), **extra, "dtype": self.dtype(spec)}
+    def budget(self, spec: ModeSpec) -> str:
+        return self.budgets.get(spec.label, "fixed")
 
-    def run(self, spec: ModeSpec, ids: list[int],
+    def choice(self, spec: ModeSpec, prompt_tokens: int | None) -> Choice:
+        """What a decoder mode runs a prompt of `prompt_tokens` tokens with (Session.choose; None: auto's
+        reference choice, at its probe's prefix length)."""
+        key = (spec.label, prompt_tokens)
+        if key not in self._choices:
+            self._choices[key] = self.session(spec).choose(self.configs[spec.label], self.budget(spec), prompt_tokens)
+        return self._choices[key]
+
+    def config_dict(self, spec: ModeSpec, prompt_tokens: int | None) -> dict:
+        """The config a generation of a `prompt_tokens`-token prompt runs with, as its trace header records
+        it and resume compares it (None: the mode's reference, what summary.json's configs hold)."""
+        if spec.kind in HF_MODES:
+            return {**hf_config(self.configs[spec.label], spec.kind), "dtype": self.dtype(spec)}
+        choice = self.choice(spec, prompt_tokens)
+        # lists, not tuples: the dict must equal its JSON round trip for resume to recognise it
+        extra = {"adaptive_costs": choice.costs.to_json()} if choice.costs else {}
+        return {**asdict(choice.config), **extra, "dtype": self.dtype(spec)}
+
+    def prepare(self, spec: ModeSpec, prompt: list[dict] | str) -> Prepared | None:
+        """A decoder mode's generation of `prompt`, prepared as every front end prepares one; None for an hf mode."""
+        if spec.kind in HF_MODES:
+            return None
+        return self.session(spec).prepare(prompt, self.configs[spec.label], self.budget(spec))
+
+    def run(self, spec: ModeSpec, ids: list[int], prepared: Prepared | None,
             max_new_tokens: int | None = None) -> tuple[list[int], float, int, list[StepRecord]]:
-        """One generation -> tokens, wall seconds, target forwards, step records."""
-        pair = self.pair(spec)
+        """One generation (an hf mode's, or the prepared one's) -> tokens, wall seconds, target forwards,
+        step records; `max_new_tokens` shortens it (the warm-up)."""
         if spec.kind in HF_MODES:
             t0 = time.perf_counter()
             tokens, forwards, finished = self.hf[spec.label](ids, max_new_tokens)
@@ -135,28 +159,32 @@ class Bench:
                               new_text=text, accept_length=1, timings={"generate": seconds},
                               target_forwards=forwards, finished=finished)
             return tokens, seconds, forwards, [step]
-        cfg = self.configs[spec.label]
+        decoder = prepared.decoder
         if max_new_tokens is not None:
-            cfg = cfg.with_(max_new_tokens=max_new_tokens)
-        decoder = Decoder(pair.target, pair.head if spec.kind != "vanilla" else None, cfg, self.costs.get(spec.label))
+            decoder = Decoder(decoder.target, decoder.head, decoder.cfg.with_(max_new_tokens=max_new_tokens),
+                              decoder.costs)
         t0 = time.perf_counter()
         g = generate(decoder, ids)
         return g.tokens, time.perf_counter() - t0, g.target_forwards, g.steps
 
     def header(self, spec: ModeSpec, q: Question, turn: int, messages: list[dict], n_ids: int,
                seconds: float, n_tokens: int, dataset: str | None = None) -> TraceHeader:
+        note = self.choice(spec, n_ids).note if spec.kind not in HF_MODES else None
         meta = {"question_id": q.question_id, "category": q.category, "turn": turn, "mode_label": spec.label,
                 **({"dataset": dataset} if dataset else {}),
                 "seconds": seconds, "new_tokens": n_tokens, "threads": torch.get_num_threads(),
-                "head_sha": self.head_sha(spec)}  # what resume checks (older stores have no head_version)
-        return self.session(spec).header(messages, self.config_dict(spec), n_ids, **meta)
+                "head_sha": self.head_sha(spec),  # what resume checks (older stores have no head_version)
+                **({"note": note} if note else {})}  # as Session.prepare notes it: auto fell back to vanilla
+        return self.session(spec).header(messages, self.config_dict(spec, n_ids), n_ids, **meta)
 
     def session(self, spec: ModeSpec) -> Session:
+        """The pair's session, tuning from the mode's auto report (read once per run) where it has one."""
         dtype = self.dtype(spec)
         if dtype not in self._sessions:  # the head's identity is hashed once per pair
             pair = self.pairs[dtype]
             self._sessions[dtype] = Session.of(pair.target, pair.head, pair.source)
-        return self._sessions[dtype]
+        report = self.predicted.get(spec.label)
+        return replace(self._sessions[dtype], auto=report) if report else self._sessions[dtype]
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -189,22 +217,30 @@ def _messages(bench: Bench, q: Question, turn: int, done: dict[Key, Result], ref
     return messages
 
 
+def _prepared(bench: Bench, spec: ModeSpec, prompt: list[dict] | str) -> tuple[list[int], Prepared | None]:
+    """The prompt's ids, and a decoder mode's prepared generation (Session.prepare)."""
+    prepared = bench.prepare(spec, prompt)
+    ids = prepared.ids if prepared else encode_prompt(bench.target.tokenizer, prompt, bench.target.max_context)
+    return ids, prepared
+
+
 def _run_one(bench: Bench, plan: Plan, spec: ModeSpec, q: Question, turn: int,
              done: dict[Key, Result]) -> None:
     messages = _messages(bench, q, turn, done, plan.reference.label)
-    ids = encode_prompt(bench.target.tokenizer, messages, bench.target.max_context)
-    tokens, seconds, forwards, steps = bench.run(spec, ids)
+    ids, prepared = _prepared(bench, spec, messages)
+    tokens, seconds, forwards, steps = bench.run(spec, ids, prepared)
     header = bench.header(spec, q, turn, messages, len(ids), seconds, len(tokens), plan.dataset)
     append_trace(plan.trace_path(spec), Trace(header, steps))
     done[(q.question_id, turn, spec.label)] = Result(q.question_id, q.category, turn, spec.label, tokens,
-                                                     seconds, forwards, steps, messages, len(ids))
+                                                     seconds, forwards, steps, messages, len(ids), header.config)
 
 
 def warm_up(bench: Bench, plan: Plan) -> None:
-    """One short generation per mode, so first-call costs (allocation, kernels) stay out of the numbers."""
-    ids = encode_prompt(bench.target.tokenizer, plan.questions[0].turns[0], bench.target.max_context)
+    """One short generation per mode (of the first prompt's tree), so first-call costs (allocation,
+    kernels) stay out of the numbers."""
     for spec in tqdm(plan.specs, desc="warm-up", unit="mode", file=sys.stderr):
-        bench.run(spec, ids, max_new_tokens=WARMUP_TOKENS)
+        ids, prepared = _prepared(bench, spec, plan.questions[0].turns[0])
+        bench.run(spec, ids, prepared, max_new_tokens=WARMUP_TOKENS)
 
 
 def run_plan(bench: Bench, plan: Plan, done: dict[Key, Result]) -> None:

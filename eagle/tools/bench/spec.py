@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...core.config import MODES, DecodeConfig
+from ...core.config import MODES, DecodeConfig, TreeShape
 from ...core.lookup import LOOKUP_TOKENS
 from ...models.precision import DTYPES
 
@@ -13,7 +13,6 @@ HF_MODES = ("hf", "hf_pld")
 BASELINE_KINDS = ("vanilla", "hf", "hf_pld")  # what a speed-up is measured against
 KINDS = (*MODES, *HF_MODES)
 PLD_TOKENS = LOOKUP_TOKENS  # prompt_lookup_num_tokens for hf_pld: 10, as our own lookup branch's longest
-BUDGET_FIELDS = ("total_tokens", "depth", "top_k", "draft_vocab")
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def parse_modes(text: str) -> list[ModeSpec]:
             if kind not in ("static", "dynamic") or not 3 <= len(parts) <= 4 or not all(p.isdigit() for p in parts):
                 raise ValueError(f"mode {label!r}: a budget is static|dynamic:TOTAL/DEPTH/TOP_K[/DRAFT_VOCAB], "
                                  "dynamic:auto or dynamic:adaptive")
-            overrides = tuple(zip(BUDGET_FIELDS, map(int, parts)))
+            overrides = tuple(zip(TreeShape.keys(), map(int, parts)))
         specs.append(ModeSpec(label, kind, overrides, dtype=dtype or None))
     if not specs or len({s.label for s in specs}) != len(specs):
         raise ValueError("--modes needs at least one mode and no repeats")

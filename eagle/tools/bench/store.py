@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ...records.files import cut_torn_tail
 from ...records.schema import FileFormatError, check_object, check_value
@@ -39,14 +40,14 @@ def _result_of(trace: Trace) -> Result:
     messages = m.get("messages") or [{"role": "user", "content": trace.header.prompt}]
     return Result(m["question_id"], m["category"], int(m["turn"]), m["mode_label"], tokens,
                   float(m["seconds"]), sum(s.target_forwards for s in trace.steps), trace.steps, messages,
-                  int(trace.header.prompt_tokens or 0))
+                  int(trace.header.prompt_tokens or 0), trace.header.config)
 
 
 @dataclass(frozen=True)
 class Expected:
     """What a stored generation must have been made with for this run to reuse it."""
     label: str
-    config: dict
+    config: Callable[[int], dict]  # prompt tokens -> the config this run gives such a prompt (auto: per context)
     model: str
     head_sha: str | None
     questions: dict  # question_id -> Question of this run's dataset
@@ -69,7 +70,7 @@ def _check_reusable(path: Path, trace: Trace, want: Expected) -> None:
     """Refuse, naming the difference, a stored result this run would otherwise mix with its own."""
     h = trace.header
     where = f"{path} (question {h.meta['question_id']}, turn {h.meta['turn']})"
-    diff = _first_difference(h.config, want.config)
+    diff = _first_difference(h.config, want.config(int(h.prompt_tokens or 0)))
     if diff:
         raise ValueError(f"{where} was made with {diff}: rerun with the same settings or use a new --out.")
     if h.model != want.model:

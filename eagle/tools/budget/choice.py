@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ...core.adaptive import RoundCosts
-from ...core.config import DecodeConfig
+from ...core.config import DecodeConfig, TreeShape
 from ...core.decode import encode_prompt
 from ...models.head import AnyHead
 from ...models.location import cache_dir
@@ -26,7 +26,7 @@ from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
-from .costs import BUDGET_KEYS, DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
+from .costs import DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
     measured_under_load, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
@@ -66,14 +66,42 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     return best["total_tokens"], best["depth"], best["top_k"], rows
 
 
-def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int) -> float:
-    """The cost model's wall time for one generation with the report's chosen budget: the prompt's
-    prefill, then (new_tokens - 1) / E[accept length] rounds at the generation's mean context length."""
-    costs, c = report.costs, report.chosen
-    rounds = max(0, new_tokens - 1) / report.expected_accept_length
-    round_s = costs.round_cost(c["total_tokens"], c["depth"], c["top_k"], c["draft_vocab"],
-                               prompt_tokens + new_tokens // 2, report.expected_lookup_nodes)
-    return costs.t_prefill(prompt_tokens) + rounds * round_s
+PLAIN = TreeShape(total_tokens=1, depth=0, top_k=1)  # plain decoding: a one-node tree (Costs.round_cost's convention)
+
+
+def expected_accept_length(report: AutoReport, shape: TreeShape | None = None) -> float:
+    """E[accept length] of the report's chosen budget, or of another `shape` of its replayed grid (the
+    tree auto chose for another context length; PLAIN: one token a round)."""
+    if shape is None or shape == report.shape:
+        return report.expected_accept_length
+    if shape.total_tokens == 1:
+        return 1.0
+    return report.accept_table(shape.total_tokens, shape.depth, shape.top_k, shape.draft_vocab)
+
+
+def expected_lookup_nodes(report: AutoReport, shape: TreeShape | None = None) -> float:
+    """The mean prompt-lookup nodes a round of that budget verifies beside its tree (PLAIN: none)."""
+    if shape is None or shape == report.shape:
+        return report.expected_lookup_nodes
+    if shape.total_tokens == 1:
+        return 0.0
+    return report.accept_table.lookup_nodes(shape.total_tokens, shape.depth, shape.top_k, shape.draft_vocab)
+
+
+def expected_round_s(report: AutoReport, shape: TreeShape | None = None, context: int | None = None) -> float:
+    """The modelled seconds of a round of that budget, its lookup branch included, at a context length."""
+    s = shape or report.shape
+    return report.costs.round_cost(s.total_tokens, s.depth, s.top_k, s.draft_vocab, context,
+                                   expected_lookup_nodes(report, s))
+
+
+def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int,
+                     shape: TreeShape | None = None) -> float:
+    """The cost model's wall time for one generation with the report's chosen budget (or `shape`): the
+    prompt's prefill, then (new_tokens - 1) / E[accept length] rounds at the generation's mean context length."""
+    rounds = max(0, new_tokens - 1) / expected_accept_length(report, shape)
+    return report.costs.t_prefill(prompt_tokens) + rounds * expected_round_s(report, shape,
+                                                                            prompt_tokens + new_tokens // 2)
 
 
 def head_fingerprint(head: AnyHead) -> str:
@@ -95,14 +123,14 @@ def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocab
                        lookup_tokens)
     table, choices = _best_table(costs, model, None)
     best = table[0]
-    by_context = [{"context": c, **{k: _best_table(costs, model, c)[0][0][k] for k in (*BUDGET_KEYS, "speedup")}}
-                  for c in sorted(costs.verify_by_context)]
+    by_context = [{"context": c, **TreeShape.of(row).as_dict(), "speedup": row["speedup"]}
+                  for c in sorted(costs.verify_by_context) for row in [_best_table(costs, model, c)[0][0]]]
     same_shape = [r for r in table if (r["depth"], r["top_k"]) == (best["depth"], best["top_k"])]
     return {"curve": sorted(same_shape, key=lambda r: r["total_tokens"]),
             "vanilla_tokens_per_s": tokens_per_second(1, costs.t_plain()), "t_plain": costs.t_plain(),
             "t_verify": {str(n): costs.t_verify(n) for n in ns}, "alpha": model.alpha,
             "host_ms": {"tree": 1000 * costs.host_tree, "plain": 1000 * costs.host_plain},
-            "chosen": {f: best[f] for f in BUDGET_KEYS},
+            "chosen": TreeShape.of(best).as_dict(),
             "expected_tokens_per_s": best["tokens_per_s"], "expected_speedup": best["speedup"],
             "expected_accept_length": best["accept_length"], "beats_vanilla": best["speedup"] > 1.0,
             "lookup_tokens": lookup_tokens, "expected_lookup_nodes": best["lookup_nodes"],
@@ -145,7 +173,7 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
         cached = _auto_report(target, head, prompts, vocabs, repeats, max_new_tokens, ns, top_ks, lookup, refresh)
         atomic_write_json(path, cached, indent=1)
     report = AutoReport.from_cached(cached, fastest_vanilla(target, cached["t_plain"]), path)
-    return base_cfg.with_(**report.chosen), report
+    return base_cfg.with_shape(report.shape), report
 
 
 def fastest_vanilla(target: Target, t1: float) -> dict:
@@ -177,20 +205,26 @@ def adaptive_costs(report: AutoReport) -> RoundCosts:
 
 
 def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: str,
-                 context: int | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport]:
+                 context: int | None = None,
+                 report: AutoReport | None = None) -> tuple[DecodeConfig, RoundCosts | None, AutoReport]:
     """base_cfg with the auto budget (budget "auto"), or with auto's draft shape and an adaptive tree
     size ("adaptive": total_tokens becomes the cap, the largest size the shape can fill, and the
     returned round costs let each round pick its own size up to it, at that round's context length).
     `context`: the typical context length of the generation ahead (auto then chooses for it, from the
-    costs measured at several lengths). Also returns the auto report."""
-    cfg, report = auto_config(target, head, base_cfg)
+    costs measured at several lengths). `report`: the auto report already read for this pair (bench
+    reads it once per run and tunes every prompt from it); None: auto_config reads or makes it. Also
+    returns the auto report (with `context` and its choice there)."""
+    if report is None:
+        report = auto_config(target, head, base_cfg)[1]
+    report = replace(report, context=None, context_choice=None)  # from auto's own choice, whatever it was given
+    cfg = base_cfg.with_shape(report.shape)
     if budget == "auto":
         if context is not None:
             row = choice_at_context(report, context)
-            choice = {**{k: row[k] for k in BUDGET_KEYS}, "speedup": row["speedup"] * report.same_dtype_factor,
+            choice = {**TreeShape.of(row).as_dict(), "speedup": row["speedup"] * report.same_dtype_factor,
                       "speedup_same_dtype": row["speedup"]}
             report = replace(report, context=context, context_choice=choice)
-            cfg = cfg.with_(**{k: row[k] for k in BUDGET_KEYS})
+            cfg = cfg.with_shape(TreeShape.of(row))
         return cfg, None, report
     costs = adaptive_costs(report)
     return cfg.with_(total_tokens=len(costs.verify)), costs, report

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ...core.adaptive import interpolate
-from ...core.config import DecodeConfig
+from ...core.config import DecodeConfig, TreeShape
 from ...core.decode import Decoder, Drafter, TokenTexts, draft_round, generate, new_drafter
 from ...models.head import AnyHead, DraftHead
 from ...models.location import cache_dir
@@ -40,7 +40,6 @@ CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
 HOST_TOKENS = 32  # tokens decoded (twice: the first run warms up) to measure the host terms
 COSTS_VERSION = 3
-BUDGET_KEYS = ("total_tokens", "depth", "top_k", "draft_vocab")  # the fields of DecodeConfig a budget sets
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -312,8 +311,8 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
     at the chosen tree (with its prompt-lookup branch, whose matching is host work too) and with plain
     decoding, each the second of two runs (the first warms up)."""
     base = replace(costs, host_tree=0.0, host_plain=0.0)
-    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens, lookup_tokens=lookup_tokens,
-                        **{k: chosen[k] for k in BUDGET_KEYS})
+    tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens,
+                        lookup_tokens=lookup_tokens).with_shape(TreeShape.of(chosen))
     plain = tree.with_(mode="vanilla", lookup_tokens=0)
     return replace(base, host_tree=_extra_per_round(target, head, base, tree, prompt_ids),
                    host_plain=_extra_per_round(target, head, base, plain, prompt_ids))

@@ -7,12 +7,13 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ...core.config import TreeShape
 from ...records.files import read_json_or_none
 from ...records.schema import FileFormatError, check_in, check_object, check_value, fail
-from .costs import BUDGET_KEYS, DEPTHS, Costs, check_costs, check_seconds
+from .costs import DEPTHS, Costs, check_costs, check_seconds
 from .replay import AcceptModel
 
-Row = dict  # one budget of the searched grid: BUDGET_KEYS, accept_length, round_s, tokens_per_s, speedup
+Row = dict  # one budget of the searched grid: TreeShape's keys, accept_length, round_s, tokens_per_s, speedup
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,11 @@ class AutoReport:
     """auto_config's answer. expected_speedup and beats_vanilla are against the fastest vanilla decoding
     here (any precision: vanilla_dtype), the *_same_dtype figures against vanilla at the target's own;
     the rows of curve, top and best_per_vocab keep their same-dtype speed-ups."""
-    chosen: dict[str, int]  # the budget: total_tokens, depth, top_k, draft_vocab
+    chosen: dict[str, int]  # the budget: TreeShape's keys (as a TreeShape: .shape)
     curve: list[Row]  # the chosen depth, top_k and vocabulary at every searched total_tokens
     top: list[Row]  # the five best budgets
     best_per_vocab: list[Row]  # the best budget of each draft vocabulary, best first
-    by_context: list[dict]  # per measured context length: context, BUDGET_KEYS and speedup there
+    by_context: list[dict]  # per measured context length: context, TreeShape's keys and speedup there
     expected_tokens_per_s: float
     expected_accept_length: float
     lookup_tokens: int  # the prompt-lookup branch's longest length the budgets were replayed with (0: none)
@@ -47,7 +48,7 @@ class AutoReport:
     costs_file: str
     auto_file: str
     context: int | None = None  # tuned_config's: the context length of the generation ahead
-    context_choice: dict | None = None  # the budget there: BUDGET_KEYS, speedup, speedup_same_dtype
+    context_choice: dict | None = None  # the budget there: TreeShape's keys, speedup, speedup_same_dtype
 
     @classmethod
     def from_cached(cls, cached: dict, fastest: dict, path: Path) -> "AutoReport":
@@ -63,6 +64,11 @@ class AutoReport:
                    vanilla_same_dtype_tokens_per_s=cached["vanilla_tokens_per_s"], vanilla_dtype=fastest["dtype"],
                    same_dtype_factor=factor, costs=Costs.from_json(cached["costs"]),
                    accept_table=AcceptModel.from_json(cached["accept_table"]), auto_file=str(path))
+
+    @property
+    def shape(self) -> TreeShape:
+        """The chosen budget's tree."""
+        return TreeShape.of(self.chosen)
 
     @property
     def vanilla_label(self) -> str:
@@ -113,7 +119,7 @@ def read_auto_report(path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
 
 def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[int, ...],
                   vocabs: tuple[int, ...]) -> None:
-    chosen = check_object(report["chosen"], path, "field 'chosen'", {k: "nat" for k in BUDGET_KEYS})
+    chosen = check_object(report["chosen"], path, "field 'chosen'", {k: "nat" for k in TreeShape.keys()})
     check_in(chosen["total_tokens"], ns, path, "field 'chosen' total_tokens")
     check_in(chosen["top_k"], top_ks, path, "field 'chosen' top_k")
     check_in(chosen["draft_vocab"], vocabs, path, "field 'chosen' draft_vocab")
@@ -125,7 +131,7 @@ def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[i
         fail(path, "field 'curve'", "lacks the chosen total_tokens")
     for i, row in enumerate(report["by_context"]):  # restated against the fastest vanilla when read
         check_object(row, path, f"field 'by_context' [{i}]", {"context": "nat", "speedup": "nonneg",
-                                                                  **{k: "nat" for k in BUDGET_KEYS}})
+                                                                  **{k: "nat" for k in TreeShape.keys()}})
 
 
 def _check_accept_table(table: dict, path: Path) -> None:
