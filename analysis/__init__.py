@@ -4,9 +4,8 @@ from .figures import (
     depth_rank_heatmap,
     reliability_figure,
     static_position_figure,
-    tree_figure,
-    tree_layout,
 )
+from .tree_plot import tree_figure, tree_layout
 from .tables import (
     accept_length_table,
     calibration_table,

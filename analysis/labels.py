@@ -1,6 +1,6 @@
 """Tree labels that never overlap: which node gets a label, and how much of its text fits.
 
-A drawing of a draft tree places nodes on a grid (level x row, analysis.figures.tree_layout) and writes
+A drawing of a draft tree places nodes on a grid (level x row, analysis.tree_plot.tree_layout) and writes
 each label to the right of its node. Two labels overlap when they sit in the same level closer than a
 line of text apart, or when a label runs into the next level. So, given the drawing's pixel geometry,
 labels are placed greedily by importance (the bonus, the root, the accepted path, then by confidence):

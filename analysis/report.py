@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from eagle.records.trace import StepRecord, Trace
 
 from . import figures as F
+from .tree_plot import tree_figure
 from . import tables as T
 
 # Above this many drafted nodes a tree figure shows only the verified tree: the paper's dynamic
@@ -69,5 +70,5 @@ def build_figures(traces: list[Trace], nodes: pd.DataFrame, steps: pd.DataFrame,
     if (nodes["mode"] == "static").any():
         figs["static_positions"] = F.static_position_figure(nodes)
     for name, step in example_steps(traces).items():
-        figs[name] = F.tree_figure(step, show_pruned=len(step.nodes) - 1 <= MAX_PRUNED_SHOWN)
+        figs[name] = tree_figure(step, show_pruned=len(step.nodes) - 1 <= MAX_PRUNED_SHOWN)
     return figs

@@ -14,7 +14,8 @@ from plotly.colors import sample_colorscale
 
 from eagle.records.trace import StepRecord
 
-from .figures import ACCEPT_COLOR, CONF_SCALE, TreeParts, tree_parts
+from .figures import ACCEPT_COLOR, CONF_SCALE
+from .tree_plot import TreeParts, tree_parts
 from .labels import GAP, Geometry, place_labels
 
 COL_W, ROW_H = 150, 24  # px per tree level and per row at full size

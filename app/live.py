@@ -18,10 +18,10 @@ from typing import Callable
 
 import streamlit as st
 
-from analysis.figures import tree_figure
+from analysis.tree_plot import tree_figure
 from analysis.tree_svg import CSS_CLASS, tree_svg
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import PromptError, encode_prompt
+from eagle.core.prompt import PromptError, encode_prompt
 from eagle.records.trace import Trace
 from eagle.tools.budget.report import AutoReport
 

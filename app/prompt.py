@@ -1,6 +1,6 @@
 """The pages' prompts: on the Live page the one-line box that generates as you type
 (app.live.prompt_box) or the multi-line editor, an optional system prompt and a multi-turn chat, every
-turn through the model's chat template (eagle.core.decode.encode_prompt takes the list of messages); the
+turn through the model's chat template (eagle.core.prompt.encode_prompt takes the list of messages); the
 Compare page's prompt is the same multi-line editor (`multiline`).
 
 The multi-line editor (app.textarea) sends its text a pause after the last key, as the one-line box

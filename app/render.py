@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.figures import best_round, tree_figure
+from analysis.tree_plot import best_round, tree_figure
 from eagle.records.stats import tokens_per_second
 from eagle.records.trace import StepRecord, Trace
 

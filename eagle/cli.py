@@ -16,7 +16,8 @@ import torch
 
 from .tools.checks import ArgumentParser, check_argv, check_output, check_ranges, check_runtime_args
 from .core.config import MODES, DecodeConfig, TreeShape
-from .core.decode import PromptError, encode_prompt, generate
+from .core.decode import generate
+from .core.prompt import PromptError, encode_prompt
 from .records.files import atomic_write_json, run_guarded
 from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_model_args, budget_mode, flag_name, \
     load_pair, model_spec

@@ -17,7 +17,8 @@ import torch
 
 from .tools.loading import DecodeSettings, ModelSpec, budget_mode, load_pair, model_spec
 from .core.config import DecodeConfig, SettingError
-from .core.decode import Generation, PromptError, generate
+from .core.decode import Generation, generate
+from .core.prompt import PromptError
 from .models.location import ModelLoadError
 from .frames import nodes_frame, steps_frame
 from .tools.session import Session

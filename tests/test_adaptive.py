@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from eagle.core.adaptive import RoundCosts, best_tree_size
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import encode_prompt
 
 
 def _rate(values: list[float], costs: RoundCosts, n: int) -> float:

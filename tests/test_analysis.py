@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis import figures as F
+from analysis import tree_plot as TF
 from analysis import tables as T
 from analysis.__main__ import main
 from analysis.export import find_browser, load_traces, to_markdown
@@ -167,23 +168,23 @@ def test_empty_inputs_give_empty_tables() -> None:
 def test_tree_layout_is_tidy() -> None:
     nodes = [root(), node(1, 0, 1, 0.5), node(2, 0, 1, 0.4, rank=1), node(3, 1, 2, 0.5),
              node(4, 1, 2, 0.3, rank=1)]
-    pos = F.tree_layout(nodes)
+    pos = TF.tree_layout(nodes)
     assert pos[3] == (2, 0.0) and pos[4] == (2, 1.0) and pos[2] == (1, 2.0)
     assert pos[1] == (1, 0.5) and pos[0] == (0, 1.25)
 
 
 def test_tree_figure_marks_bonus_path_and_pruned() -> None:
     s = step(1, [root(), node(1, 0, 1, 0.6, accepted=True), node(2, 0, 1, 0.3, rank=1, kept=False)])
-    fig = F.tree_figure(s, show_pruned=True)
+    fig = TF.tree_figure(s, show_pruned=True)
     names = [t.name for t in fig.data]
     assert "bonus (target's token)" in names and "accepted path" in names
     path = next(t for t in fig.data if t.name == "accepted path")
     assert len([x for x in path.x if x is not None]) == 4  # root->1 and 1->bonus
     nodes = next(t for t in fig.data if t.name == "draft node")
     assert list(nodes.marker.opacity) == [1.0, 1.0, 0.25]
-    assert len(F.tree_figure(s).data[2].x) == 2  # reranked-away nodes are hidden by default
-    assert "1 reranked away (hidden)" in F.tree_figure(s).layout.title.text
-    assert isinstance(F.tree_figure(prefill()), go.Figure)  # no tree: just the token
+    assert len(TF.tree_figure(s).data[2].x) == 2  # reranked-away nodes are hidden by default
+    assert "1 reranked away (hidden)" in TF.tree_figure(s).layout.title.text
+    assert isinstance(TF.tree_figure(prefill()), go.Figure)  # no tree: just the token
 
 
 def test_tree_svg_draws_what_tree_figure_draws() -> None:
@@ -202,7 +203,7 @@ def test_tree_svg_draws_what_tree_figure_draws() -> None:
            if e.get("stroke") == F.ACCEPT_COLOR and e.get("stroke-width") == "4"]
     assert len(red) == 3  # root->1, 1->bonus, and the legend's sample
     texts = ["".join(t.itertext()) for t in svg.findall(f"{ns}text")]
-    assert F.tree_parts(s).title in texts and "accepted path" in texts
+    assert TF.tree_parts(s).title in texts and "accepted path" in texts
     assert any(t == "t3 0.20" for t in texts) and any(t.endswith("(bonus)") for t in texts)
     wide = step(1, [root(), *[node(i, 0, 1, 0.1, rank=i) for i in range(1, 60)]])
     assert float(ET.fromstring(tree_svg(wide, max_height=500)).get("height")) == 500
@@ -210,9 +211,9 @@ def test_tree_svg_draws_what_tree_figure_draws() -> None:
 
 
 def test_token_label_is_visible_and_html_safe() -> None:
-    assert F.token_label(" <b>\n") == "␣&lt;b&gt;↵"
-    assert F.token_label("x" * 30, limit=5) == "xxxx…"
-    assert F.token_label("\x1c") == "\\x1c"  # control characters are invalid in SVG
+    assert TF.token_label(" <b>\n") == "␣&lt;b&gt;↵"
+    assert TF.token_label("x" * 30, limit=5) == "xxxx…"
+    assert TF.token_label("\x1c") == "\\x1c"  # control characters are invalid in SVG
 
 
 def test_figures_build_on_synthetic_traces() -> None:
@@ -250,7 +251,7 @@ def test_figure_labels_name_what_they_show() -> None:
     assert list(spread.data[1].text) == ["n=3"]  # every bar says how many nodes it rests on
     static = F.static_position_figure(T.nodes_frame([trace(one_child_steps(0.8, 2, 1, "static"), "static")]))
     assert static.layout.title.text.startswith("Static tree: acceptance per position")
-    assert F.tree_figure(rounds[0]).layout.title.text.startswith("Round 1 (dynamic): 1 draft token(s)")
+    assert TF.tree_figure(rounds[0]).layout.title.text.startswith("Round 1 (dynamic): 1 draft token(s)")
     report = dict(curve=[dict(total_tokens=n, depth=1, top_k=2, draft_vocab=0, accept_length=1.5,
                               round_s=0.1191 + 0.0113 * n, tokens_per_s=10.0) for n in (2, 4)],
                   chosen=dict(total_tokens=2, depth=1, top_k=2, draft_vocab=0), vanilla_tokens_per_s=9.0)
@@ -362,7 +363,7 @@ def test_tables_never_crash_on_random_traces(traces: list[Trace], bins: int) -> 
     assert T.compare_modes(traces)["new_tokens"].sum() == steps["new_tokens"].sum()
     for t in traces:
         for s in t.steps:
-            assert len(F.tree_layout(s.nodes)) == len(s.nodes)
+            assert len(TF.tree_layout(s.nodes)) == len(s.nodes)
 
 
 @settings(max_examples=5, deadline=None)
@@ -413,7 +414,7 @@ def label_boxes(fig: go.Figure) -> list[tuple[float, float, float, float]]:
 
 @pytest.mark.parametrize("width,max_height,pruned", [(420, 560, True), (860, 560, False), (1200, None, True)])
 def test_tree_labels_never_overlap_and_nothing_is_clipped(width, max_height, pruned) -> None:
-    fig = F.tree_figure(wide_tree(), show_pruned=pruned, width=width, max_height=max_height)
+    fig = TF.tree_figure(wide_tree(), show_pruned=pruned, width=width, max_height=max_height)
     boxes = label_boxes(fig)
     assert len(boxes) >= 4  # at least the root, the accepted chain's labels and the bonus
     for i, a in enumerate(boxes):
@@ -429,13 +430,13 @@ def test_tree_labels_never_overlap_and_nothing_is_clipped(width, max_height, pru
 def test_tree_legend_matches_the_markers() -> None:
     """Nodes are circles coloured by confidence: the legend says so with circle samples, the mixed
     node trace (square root, circles of every colour) stays out of it."""
-    fig = F.tree_figure(wide_tree(12), show_pruned=True)
+    fig = TF.tree_figure(wide_tree(12), show_pruned=True)
     shown = {t.name: t for t in fig.data if t.showlegend is not False}
     assert "draft node" not in shown
     assert shown["draft node, low confidence"].marker.symbol == "circle"
     assert shown["root (last committed token)"].marker.symbol == "square"
     assert "reranked away (faded)" in shown and "faded = reranked away" in fig.layout.title.text
-    assert "reranked away (faded)" not in {t.name for t in F.tree_figure(wide_tree(12)).data}
+    assert "reranked away (faded)" not in {t.name for t in TF.tree_figure(wide_tree(12)).data}
 
 
 def test_best_round_and_rounds_by_generated_position() -> None:
@@ -444,11 +445,11 @@ def test_best_round_and_rounds_by_generated_position() -> None:
               step(3, [root(), node(1, 0, 1, 0.9, accepted=True), node(2, 1, 2, 0.9, accepted=True)], new=2),
               step(4, [root()], new=0)]
     steps = trace(rounds).steps  # the prefill writes token 0, the rounds 1, 2, 2 and 0 tokens
-    assert F.best_round(steps) == 2  # the longest accepted path, the earliest of two equals
-    assert F.best_round([prefill()]) == 0
+    assert TF.best_round(steps) == 2  # the longest accepted path, the earliest of two equals
+    assert TF.best_round([prefill()]) == 0
     # prefill: token 0; round 1: token 1; round 2: tokens 2-3; round 3: tokens 4-5; round 4: none
-    assert [F.round_at_position(steps, p) for p in range(6)] == [0, 1, 2, 2, 3, 3]
-    assert F.round_at_position(steps, 99) == 4 and F.round_start(steps, 3) == 4
+    assert [TF.round_at_position(steps, p) for p in range(6)] == [0, 1, 2, 2, 3, 3]
+    assert TF.round_at_position(steps, 99) == 4 and TF.round_start(steps, 3) == 4
 
 
 def test_tree_svg_labels_never_overlap() -> None:
@@ -473,7 +474,7 @@ def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) ->
     paper = PaperSize(PAPER_WIDTHS["two columns (7 in)"])
     if find_browser() is None:
         pytest.skip("no Chrome/Chromium installed (apt-get install chromium)")
-    fig = F.tree_figure(wide_tree(20), width=paper.layout_width)
+    fig = TF.tree_figure(wide_tree(20), width=paper.layout_width)
     result = write_figures({"tree": fig}, tmp_path, ("pdf", "svg", "png"), paper=paper)
     assert not result.messages, result.messages
     pdf = (tmp_path / "tree.pdf").read_bytes()

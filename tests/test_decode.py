@@ -10,7 +10,8 @@ from scipy.stats import chisquare
 
 from eagle.core.adaptive import RoundCosts
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import Decoder, PromptError, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import PromptError, encode_prompt
 from eagle.models.head import new_head
 from eagle.models.headio import HeadMismatchError, load_head, save_head
 from eagle.records.trace import Trace, TraceHeader, read_trace, write_trace

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import encode_prompt
 from eagle.core.draft import Drafter
 from eagle.models.head import DraftHead, new_head
 from eagle.models.headio import head_identity, head_sha256, load_head, save_head

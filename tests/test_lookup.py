@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle.core.config import DecodeConfig, SettingError
-from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import encode_prompt
 from eagle.frames import nodes_frame
 from eagle.core.lookup import ContextTokens, find_continuation, next_length
 from eagle.records.trace import Trace, read_trace, write_trace

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import encode_prompt
 from eagle.models.headio import load_head, shipped_head_path
 from eagle.core.lossless import NEAR_TIE_LOGIT_GAP, choice_gap_at, first_divergence, is_precision_flip, logit_gap_at
 from eagle.models.loader import load_target

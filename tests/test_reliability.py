@@ -27,7 +27,8 @@ from eagle.training import features as shards
 from eagle.tools.bench import command as bench_command
 from eagle.core.config import DecodeConfig
 from eagle.training.data import read_sharegpt
-from eagle.core.decode import Decoder, PromptError, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import PromptError
 from eagle.training.distill import DistillConfig, regenerate
 from eagle.training.store import OPEN_FILE, DistillStore, ReadStats
 from eagle.records.files import BusyError, exclusive_lock, run_guarded

@@ -10,7 +10,8 @@ import torch
 
 from eagle import cli
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import Decoder, encode_prompt, generate
+from eagle.core.decode import Decoder, generate
+from eagle.core.prompt import encode_prompt
 from eagle.models.loader import load_target
 from eagle.models.location import DEFAULT_MODEL, ModelLoadError, cache_dir
 from tests.tiny import tiny_target

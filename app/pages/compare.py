@@ -5,14 +5,15 @@ from dataclasses import replace
 
 import streamlit as st
 
-from analysis.figures import accept_length_figure, best_round, round_at_position, round_start, tree_figure
+from analysis.figures import accept_length_figure
+from analysis.tree_plot import best_round, round_at_position, round_start, tree_figure
 from analysis.tables import mode_summary, plain_summary, steps_frame, trace_seconds, with_baseline_rows
 from app import exports, render, runner, state
 from app import prompt as prompt_ui
 from app.persist import save, saved, seed
 from app.settings import budget_policy, settings_form
 from eagle.core.config import DecodeConfig
-from eagle.core.decode import PromptError, encode_prompt
+from eagle.core.prompt import PromptError, encode_prompt
 from eagle.records.trace import Trace
 
 MODES = ("static", "dynamic")

@@ -7,10 +7,11 @@ one Decoder runs any number of generations, even interleaved.
 
 Public surface (what eagle/tools/, the app and notebooks may import; the rest is internal):
     Decoder, DecodeState, generate, Generation   decoding and its result
-    encode_prompt, check_prompt, PromptError     the prompt: chat template and the one length check
-    TokenTexts                                   memoised token id -> label (eagle.core.detok.token_text)
     new_drafter (-> Drafter)                     the draft head and its cache, as a round uses them
     draft_round                                  one dynamic round's drafting, as the Decoder runs it
+    greedy_accept                                a greedy round's acceptance, as the Decoder runs it
+The prompt (encode_prompt, check_prompt, PromptError) is eagle.core.prompt; a round's trace records
+(Round, TokenTexts, trace_nodes) are eagle.core.nodes.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from typing import Iterator
 import torch
 
 from .adaptive import RoundCosts, best_tree_size
-from .config import DecodeConfig, SettingError
-from .detok import TextWindow, next_text, token_text
+from .config import DecodeConfig
+from .detok import TextWindow, next_text
 from .draft import Candidates, Drafter, StaticPlan, draft_dynamic, draft_static
 from ..models.head import DraftHead
 from ..models.kvcache import KVCache
@@ -31,66 +32,14 @@ from ..models.target import Target
 from ..records.timing import PhaseClock
 from ..records.trace import NodeRecord, StepRecord
 from .lookup import ContextTokens, find_continuation, next_length
+from .nodes import Round, TokenTexts, trace_nodes
+from .prompt import check_prompt
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
 from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
 
 
-__all__ = ["DecodeState", "Decoder", "Drafter", "Generation", "PromptError", "TokenTexts", "check_prompt", "draft_round",
-           "encode_prompt", "generate", "new_drafter"]
-
-
-class PromptError(SettingError):
-    """The prompt cannot be decoded (empty, or longer than the model's context)."""
-
-
-@dataclass
-class Round:
-    """One round's draft and decision, still on the device."""
-    root: int
-    cand: Candidates | None  # every drafted node (None in vanilla)
-    kept: torch.Tensor | None  # (N-1,) candidate ids verified as tree nodes 1..N-1
-    tree: Tree
-    accepted: list[int]  # tree node indices, root first
-    bonus: int
-    node_probs: torch.Tensor  # (N,) the target's probability of each tree node's token at its parent
-    lookup: list[int] = field(default_factory=list)  # the prompt-lookup branch: the tree's last nodes
-
-
-class TokenTexts:
-    """Memoised token id -> label (eagle.core.detok.token_text: a partial character shows as its bytes),
-    so traces stay cheap in the hot loop."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self._cache = tokenizer, {}
-
-    def __call__(self, token: int) -> str:
-        text = self._cache.get(token)
-        if text is None:
-            text = self._cache[token] = token_text(self.tokenizer, token)
-        return text
-
-
-def check_prompt(ids: list[int], max_context: int) -> None:
-    """The one prompt check: PromptError unless the prompt has tokens and leaves room to generate."""
-    if not ids:
-        raise PromptError("The prompt is empty: type something to generate from.")
-    if len(ids) >= max_context:
-        raise PromptError(f"The prompt is {len(ids)} tokens but the model's context holds {max_context} "
-                          "(and needs room to generate): shorten it.")
-
-
-def encode_prompt(tokenizer, prompt: str | list[dict], max_context: int, chat: bool = True) -> list[int]:
-    """Apply the chat template (to one user message or a list of messages) and check the length."""
-    if isinstance(prompt, str) and not prompt.strip():
-        check_prompt([], max_context)  # blank text is empty, whatever the template would add
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    else:
-        ids = tokenizer.encode(messages[-1]["content"])
-    check_prompt(list(ids), max_context)
-    return list(ids)
+__all__ = ["DecodeState", "Decoder", "Drafter", "Generation", "draft_round", "generate", "greedy_accept",
+           "new_drafter"]
 
 
 @dataclass
@@ -268,13 +217,9 @@ class Decoder:
     def _accept(self, s: DecodeState, tree: Tree, logits: torch.Tensor, cand: Candidates | None,
                 kept: torch.Tensor | None) -> tuple[list[int], int, torch.Tensor]:
         cfg = self.cfg
-        parents = tree.parents.clamp(min=0)
         if cfg.greedy:
-            scores = logits.float()  # exact; argmax over fp32 is ~4x faster than over bf16 on a CPU
-            accepted, bonus = accept_greedy(tree, scores)
-            # p(token | parent) for the trace from one logsumexp: no (N, V) softmax in the hot loop.
-            lse = torch.logsumexp(scores, dim=-1)  # (N,)
-            return accepted, bonus, (scores[parents, tree.tokens] - lse[parents]).exp()
+            return greedy_accept(tree, logits)
+        parents = tree.parents.clamp(min=0)
         probs = process_logits(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k_sampling).cpu()
         cpu_tree = _tree_to(tree, "cpu")
         if cand is None or cand.draft_probs is None:
@@ -320,7 +265,7 @@ class Decoder:
         return text
 
     def _record(self, s: DecodeState, rnd: Round, new_tokens: list[int], finished: str | None) -> StepRecord:
-        nodes, accepted_ids = _trace_nodes(rnd, self.texts)
+        nodes, accepted_ids = trace_nodes(rnd, self.texts)
         new_text = self._new_text(s, new_tokens, finished)
         s.clock.lap("record")
         return StepRecord(step=s.step, mode=self.cfg.mode, nodes=nodes, accepted=accepted_ids,
@@ -350,7 +295,7 @@ def draft_round(drafter: Drafter, root_hidden: torch.Tensor, root: int, depth: i
     every drafted node (nothing verified yet, so nothing accepted)."""
     cand, kept = _draft_dynamic_kept(drafter, root_hidden, depth, top_k, nodes)
     tree = build_tree(*_tree_arrays(root, cand, kept), depth + 1)
-    return _trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
+    return trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
 
 
 def _draft_dynamic_kept(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k: int,
@@ -358,6 +303,17 @@ def _draft_dynamic_kept(drafter: Drafter, root_hidden: torch.Tensor, depth: int,
     """EAGLE-2's draft, then its rerank to the nodes - 1 best candidates (the root is the n-th)."""
     cand = draft_dynamic(drafter, root_hidden, depth, top_k)
     return cand, rerank(cand.scores, cand.parents, cand.depths, nodes - 1, depth + 1)
+
+
+def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int, torch.Tensor]:
+    """A greedy round's acceptance of its verified tree (logits (N, V)): the accepted path, the bonus
+    token and each node's p(token | parent) for the trace. The budget's cost probe times this too."""
+    scores = logits.float()  # exact; argmax over fp32 is ~4x faster than over bf16 on a CPU
+    accepted, bonus = accept_greedy(tree, scores)
+    # p(token | parent) for the trace from one logsumexp: no (N, V) softmax in the hot loop
+    lse = torch.logsumexp(scores, dim=-1)  # (N,)
+    parents = tree.parents.clamp(min=0)
+    return accepted, bonus, (scores[parents, tree.tokens] - lse[parents]).exp()
 
 
 def _tree_arrays(root: int, cand: Candidates, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -375,52 +331,6 @@ def _tree_arrays(root: int, cand: Candidates, kept: torch.Tensor) -> tuple[torch
 def _tree_to(tree: Tree, device: str | torch.device) -> Tree:
     return Tree(**{f: getattr(tree, f).to(device) for f in ("tokens", "parents", "depths", "mask",
                                                             "retrieve", "leaves")})
-
-
-def _trace_nodes(rnd: Round, texts: TokenTexts) -> tuple[list[NodeRecord], list[int]]:
-    """Every drafted node as a trace record (node id = candidate index + 1; the root is 0), then the
-    prompt-lookup branch's nodes, and the accepted path as node ids. One host transfer per round."""
-    root = NodeRecord(0, -1, 0, rnd.root, texts(rnd.root), 1.0, 1.0, 0, True, True, None)
-    if rnd.cand is None and not rnd.lookup:
-        return [root], [0]
-    c = rnd.cand
-    m, k = (0, 0) if c is None else (c.tokens.numel(), rnd.kept.numel())
-    # one device-to-host copy for the round's records: six (M,) columns, the kept ids, p(token | parent)
-    # (float64 holds every id exactly)
-    columns = [] if c is None else [c.parents, c.depths, c.tokens, c.logp.exp(), c.scores.exp(), c.ranks, rnd.kept]
-    flat = torch.cat([t.double() for t in (*columns, rnd.node_probs)]).tolist()
-    kept = [int(x) for x in flat[6 * m:6 * m + k]]
-    node_probs = flat[6 * m + k:]
-    accepted = set(rnd.accepted)
-    nodes = [root] + _draft_records(flat[:6 * m], m, kept, accepted, node_probs, texts)
-    nodes += _lookup_records(rnd, m, 1 + k, accepted, node_probs, texts)
-    node_of_tree = [0] + [cid + 1 for cid in kept] + [m + 1 + j for j in range(len(rnd.lookup))]
-    return nodes, [node_of_tree[i] for i in rnd.accepted]
-
-
-def _draft_records(flat: list[float], m: int, kept: list[int], accepted: set[int], node_probs: list[float],
-                   texts: TokenTexts) -> list[NodeRecord]:
-    """The head's M candidates as records, from their six columns laid end to end in `flat`."""
-    cols = [flat[i * m:(i + 1) * m] for i in range(6)]
-    for i in (0, 1, 2, 5):  # the integer columns
-        cols[i] = [int(x) for x in cols[i]]
-    tree_index = {cid: i + 1 for i, cid in enumerate(kept)}
-    nodes = []
-    for cid, (parent, depth, token, conf, value, rank) in enumerate(zip(*cols)):
-        ti = tree_index.get(cid)
-        nodes.append(NodeRecord(cid + 1, parent + 1, depth, token, texts(token), conf, value, rank,
-                                kept=ti is not None, accepted=ti in accepted if ti else False,
-                                target_prob=node_probs[ti] if ti else None))
-    return nodes
-
-
-def _lookup_records(rnd: Round, m: int, first: int, accepted: set[int], node_probs: list[float],
-                    texts: TokenTexts) -> list[NodeRecord]:
-    """The prompt-lookup branch's nodes (tree indices first.., node ids m + 1..): a copy, not a draft, so
-    confidence and value are 1 (the proposal is certain) and source says where they came from."""
-    return [NodeRecord(m + 1 + j, 0 if j == 0 else m + j, j + 1, tok, texts(tok), 1.0, 1.0, 0, kept=True,
-                       accepted=first + j in accepted, target_prob=node_probs[first + j], source="lookup")
-            for j, tok in enumerate(rnd.lookup)]
 
 
 @dataclass

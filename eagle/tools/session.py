@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..core.adaptive import RoundCosts
 from ..core.config import DecodeConfig
-from ..core.decode import Decoder, encode_prompt
+from ..core.decode import Decoder
+from ..core.prompt import encode_prompt
 from ..core.lookup import LOOKUP_TOKENS
 from ..models.head import AnyHead
 from ..models.headio import head_identity

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from ...core.config import TreeShape
-from ...core.decode import encode_prompt
+from ...core.prompt import encode_prompt
 from ...core.lossless import first_divergence, gap_and_top_at, is_precision_flip
 from ...records.files import atomic_write, read_json_object
 from ...records.markdown import markdown_table

@@ -13,7 +13,8 @@ import torch
 from tqdm import tqdm
 
 from ...core.config import DecodeConfig
-from ...core.decode import Decoder, encode_prompt, generate
+from ...core.decode import Decoder, generate
+from ...core.prompt import encode_prompt
 from ...core.detok import TextWindow, next_text, token_text
 from ...models.target import Target
 from ...records.questions import Question

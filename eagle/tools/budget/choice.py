@@ -19,7 +19,7 @@ import numpy as np
 
 from ...core.adaptive import RoundCosts
 from ...core.config import DecodeConfig, TreeShape
-from ...core.decode import encode_prompt
+from ...core.prompt import encode_prompt
 from ...models.head import AnyHead
 from ...models.location import cache_dir
 from ...models.precision import choose_cpu_dtype, dtype_name

@@ -15,7 +15,9 @@ import torch
 
 from ...core.adaptive import interpolate
 from ...core.config import DecodeConfig, TreeShape
-from ...core.decode import Decoder, Drafter, TokenTexts, draft_round, generate, new_drafter
+from ...core.decode import Decoder, Drafter, draft_round, generate, greedy_accept, new_drafter
+from ...core.tree import build_tree
+from ...core.nodes import TokenTexts
 from ...models.head import AnyHead, DraftHead
 from ...models.location import cache_dir
 from ...models.precision import device_name
@@ -39,7 +41,7 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
 HOST_TOKENS = 32  # tokens decoded (twice: the first run warms up) to measure the host terms
-COSTS_VERSION = 3
+COSTS_VERSION = 4
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -185,13 +187,17 @@ class _Probe:
         self.ids, self.texts = ids[0], TokenTexts(target.tokenizer)
 
     def verify(self, n: int) -> Callable[[], None]:
-        tokens = self.ids[:n][None]
-        positions = (self.prefix_len + torch.arange(n, device=tokens.device))[None]
-        mask = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_()
+        """A round's verify forward of an n-node tree (a chain) and its greedy acceptance, as the decoder
+        runs them (greedy_accept: what acceptance costs per node must match the decoder's, or the cost
+        model misprices large trees)."""
+        dev = self.ids.device
+        tree = build_tree(self.ids[:n], torch.arange(-1, n - 1, device=dev), n)
+        positions = (self.prefix_len + tree.depths)[None]
 
         def run() -> None:
-            logits, _ = self.target.forward(tokens, positions, self.cache, self.prefix_len, mask if n > 1 else None)
-            torch.softmax(logits[0].float(), dim=-1)  # the decoder's acceptance computes this too
+            logits, _ = self.target.forward(tree.tokens[None], positions, self.cache, self.prefix_len,
+                                            tree.mask if n > 1 else None)
+            greedy_accept(tree, logits[0])
         return run
 
     def drafter(self, top_k: int, vocab: int, depth: int) -> tuple[Drafter, torch.Tensor]:

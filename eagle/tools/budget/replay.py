@@ -15,7 +15,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ...core.config import DecodeConfig
-from ...core.decode import Decoder, encode_prompt, generate
+from ...core.decode import Decoder, generate
+from ...core.prompt import encode_prompt
 from ...core.lookup import find_continuation, next_length
 from ...models.head import AnyHead
 from ...models.target import Target
