@@ -243,6 +243,11 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     with pytest.raises(AssertionError, match="searched again"):
         budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
                            ns=(1, 2, 8, 16), top_ks=(1, 4))
+    monkeypatch.setattr(budget_choice, "probe_t1", lambda *a, **k: report.t_verify["1"])
+    monkeypatch.setattr(budget_choice, "COSTS_VERSION", budget_choice.COSTS_VERSION + 1)  # a new cost model
+    with pytest.raises(AssertionError, match="searched again"):  # the report embedding the old costs is not used
+        budget_choice.auto_config(target, random_head, base, prompts=["Name a fruit."], max_new_tokens=6, repeats=1,
+                           ns=(1, 2, 8, 16), top_ks=(1, 4))
 
     # tuned_config on the cached report: auto chooses for the generation's context, adaptive per round
     monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, c, **kw: (c.with_(**report.chosen), report))

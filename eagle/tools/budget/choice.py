@@ -26,7 +26,7 @@ from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
-from .costs import DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
+from .costs import COSTS_VERSION, DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
     measured_under_load, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
@@ -163,7 +163,8 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     base_cfg's prompt-lookup branch (greedy dynamic decoding only) is part of what each budget is
     replayed with, so a report is made for its length."""
     lookup = max(0, base_cfg.lookup_tokens) if base_cfg.mode == "dynamic" and base_cfg.greedy else 0
-    settings = json.dumps([AUTO_REPORT_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks, lookup])
+    # the cost model's version too: a report embeds its costs, so new costs must mean a new report
+    settings = json.dumps([AUTO_REPORT_VERSION, COSTS_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks, lookup])
     fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
     path = cache_dir() / "costs" / f"auto-{fingerprint}.json"
     cached = None if refresh else read_auto_report(path, ns, top_ks, vocabs)
