@@ -41,7 +41,7 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
 HOST_TOKENS = 32  # tokens decoded (twice: the first run warms up) to measure the host terms
-COSTS_VERSION = 4
+COSTS_VERSION = 5
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -325,15 +325,17 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
 
 
 def _extra_per_round(target: Target, head: AnyHead, costs: Costs, cfg: DecodeConfig, prompt_ids: list[int]) -> float:
-    """Mean of (measured - modelled) seconds over the rounds of a decode, each modelled at its own tree
-    size and context length."""
+    """Mean seconds per round of a decode spent outside its verify forward and acceptance beyond what
+    the model prices there (drafting, the per-round overhead), each round modelled at its own tree size
+    and context length. The verify and acceptance are priced by the verify table alone: taking them
+    out here keeps the table's own noise (a few ms between neighbouring sizes) out of the host terms."""
     steps = [generate(Decoder(target, head, cfg), prompt_ids) for _ in range(2)][-1].steps
     context, extra = len(prompt_ids), []
     for s in steps:
         if s.step > 0:
             n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
-            modelled = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context)
-            extra.append(sum(s.timings.values()) - modelled)
+            outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context) - costs.t_verify(n, context)
+            measured = sum(s.timings.values()) - s.timings.get("verify", 0.0) - s.timings.get("accept", 0.0)
+            extra.append(measured - outside)
         context += len(s.new_tokens)
     return float(np.mean(extra)) if extra else 0.0
-
