@@ -131,6 +131,10 @@ def test_verify_cost_interpolates():
     assert hosted.round_cost(1, 2, 1) == hosted.t_plain() == pytest.approx(1.0625)
     assert hosted.t_prefill(112) == pytest.approx(1.3) and costs.t_prefill(112) == 0.0  # none measured: none added
     assert Costs.from_json(hosted.to_json()) == hosted
+    # a real decode's verify over the probe's scales every verify the model prices, tree and plain alike
+    scaled = replace(hosted, verify_scale_tree=1.5, verify_scale_plain=2.0)
+    assert scaled.round_cost(4, 2, 1) == pytest.approx(1.5 * 4.0 + 2.0 + 0.25 + 0.125)
+    assert scaled.t_plain() == pytest.approx(2.0 * 1.0 + 0.0625) and Costs.from_json(scaled.to_json()) == scaled
     longer = Costs("k", {1: 1.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, 0.25,
                    verify_by_context={192: {1: 1.0, 8: 6.0}, 1024: {1: 2.0, 8: 10.0}})
     assert longer.t_verify(8) == longer.t_verify(8, 192) == pytest.approx(6.0)
@@ -196,7 +200,10 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert max(curve, key=lambda r: r["tokens_per_s"])["total_tokens"] == cfg.total_tokens
     # vanilla: the fastest precision this CPU runs (never slower than the target's own), named
     # plain decoding costs the one-token verify plus what a real plain round spends beyond it (measured)
-    assert report.t_plain == pytest.approx(report.t_verify["1"] + report.host_ms["plain"] / 1000)
+    # (its one-token verify scaled by what real decoding showed over the probe: measured, positive)
+    costs = report.costs
+    assert costs.verify_scale_plain > 0 and costs.verify_scale_tree > 0
+    assert report.t_plain == pytest.approx(costs.verify_scale_plain * report.t_verify["1"] + report.host_ms["plain"] / 1000)
     assert report.vanilla_same_dtype_tokens_per_s == pytest.approx(1 / report.t_plain)
     costs = report.costs
     assert sorted(costs.prefill) == sorted({min(p, budget_costs.PREFIX_LEN) for p in budget_costs.PREFILL_LENS})

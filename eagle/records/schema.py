@@ -22,7 +22,8 @@ def fail(path: str | Path, field: str, problem: str) -> NoReturn:
     raise FileFormatError(f"{path}: {field} {problem}.")
 
 
-# Kinds of a JSON value: "int", "nat" (int >= 0), "num" (finite int or float), "nonneg" (a num >= 0), "str", "bool", "dict",
+# Kinds of a JSON value: "int", "nat" (int >= 0), "num" (finite int or float), "nonneg" (a num >= 0), "positive"
+# (a num > 0), "str", "bool", "dict",
 # "list", "ints" (a list of ints), "numdict" (an object of numbers); a trailing "?" also allows null.
 _TYPES = {"int": int, "str": str, "bool": bool, "dict": dict, "list": list}
 
@@ -36,6 +37,8 @@ def is_kind(value: object, kind: str) -> bool:
         return type(value) is int and value >= 0
     if kind == "nonneg":
         return is_kind(value, "num") and value >= 0
+    if kind == "positive":
+        return is_kind(value, "num") and value > 0
     if kind == "ints":
         return isinstance(value, list) and all(type(v) is int for v in value)
     if kind == "numdict":
@@ -44,7 +47,8 @@ def is_kind(value: object, kind: str) -> bool:
 
 
 def _kind_name(kind: str) -> str:
-    name = {"nat": "an integer >= 0", "num": "a finite number", "nonneg": "a finite number >= 0", "ints": "a list of integers",
+    name = {"nat": "an integer >= 0", "num": "a finite number", "nonneg": "a finite number >= 0",
+            "positive": "a finite number > 0", "ints": "a list of integers",
             "numdict": "an object of numbers", "int": "an integer", "str": "a string", "bool": "true or false",
             "dict": "an object", "list": "a list"}[kind.rstrip("?")]
     return name + (" or null" if kind.endswith("?") else "")

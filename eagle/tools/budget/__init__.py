@@ -9,8 +9,10 @@ eagle.core.decode.draft_round, a round's draft + rerank + tree building + trace 
 and cached per model, torch thread count and device under $EAGLE_CACHE (default
 ~/.cache/eagle2-explorer/costs/). The probes run their parts in tight loops, with warm caches; a real
 round interleaves them with the target's forward, which evicts the draft head's weights, and adds the
-acceptance and record keeping. That difference, `host`, is measured once per report by decoding a
-calibration prompt with the chosen tree and with plain decoding (see host_terms). A generation's time
+acceptance and record keeping; and a real verify, between draft forwards, averages more than the
+probe's median. Both are measured once per report by decoding a few calibration prompts with the chosen
+tree and with plain decoding (see host_terms): the verify scale (real verify + acceptance over the
+probe's) and `host` (what the rounds spend beyond the modelled draft and overhead). A generation's time
 adds the prefill of its prompt (measured at two lengths, linear between): expected_seconds.
 
 E[accept length] comes from a *replay*: a calibration run drafts a large tree (depth CAL_DEPTH,

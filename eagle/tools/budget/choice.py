@@ -26,7 +26,7 @@ from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
-from .costs import COSTS_VERSION, DEPTHS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
+from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
     measured_under_load, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
@@ -119,8 +119,8 @@ def _auto_report(target: Target, head: AnyHead, prompts: list[str] | None, vocab
     samples = calibrate(target, head, prompts, max_new_tokens)
     model = AcceptModel(samples, masks, ns=ns, top_ks=top_ks, lookup_tokens=lookup_tokens)
     first = _best_table(costs, model, None)[0][0]
-    costs = host_terms(target, head, costs, first, encode_prompt(target.tokenizer, prompts[0], target.max_context),
-                       lookup_tokens)
+    costs = host_terms(target, head, costs, first, [encode_prompt(target.tokenizer, p, target.max_context)
+                                                    for p in prompts[:HOST_PROMPTS]], lookup_tokens)
     table, choices = _best_table(costs, model, None)
     best = table[0]
     by_context = [{"context": c, **TreeShape.of(row).as_dict(), "speedup": row["speedup"]}
@@ -198,11 +198,12 @@ def adaptive_costs(report: AutoReport) -> RoundCosts:
     """The per-round size model for the auto report's draft shape: verify costs by size (and by
     context length when measured at several), the shape's drafting cost, and the value calibration."""
     curve = report.curve
-    measured = {int(n): t for n, t in report.t_verify.items()}
+    scale = report.costs.verify_scale_tree  # a real decode's verify over the probe's, as round_cost prices it
+    measured = {int(n): scale * t for n, t in report.t_verify.items()}
+    by_context = {c: {n: scale * t for n, t in by_n.items()} for c, by_n in report.costs.verify_by_context.items()}
     best = next(r for r in curve if r["total_tokens"] == report.chosen["total_tokens"])
     fixed = max(0.0, best["round_s"] - measured[best["total_tokens"]])
-    return RoundCosts.interpolate(measured, fixed, report.alpha, max(r["total_tokens"] for r in curve),
-                                  report.costs.verify_by_context)
+    return RoundCosts.interpolate(measured, fixed, report.alpha, max(r["total_tokens"] for r in curve), by_context)
 
 
 def tuned_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, budget: str,
