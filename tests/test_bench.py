@@ -166,6 +166,11 @@ def test_auto_and_adaptive_modes(tmp_path, capsys, monkeypatch):
     assert summary["modes"]["dynamic:auto"]["predicted_round_ms"] == pytest.approx(1000 * costs.round_cost(4, 2, 3, 0))
     assert summary["modes"]["vanilla"]["predicted_tokens_per_second"] is None
     assert f"auto's cost model: dynamic:auto: predicted {expected:.2f} tok/s (accept 2.50, " in printed
+    # and the speed-up it predicts, times the vanilla measured beside it: tokens/s at this run's speed
+    auto_stats = summary["modes"]["dynamic:auto"]
+    assert auto_stats["predicted_tokens_per_second_at_run_speed"] == pytest.approx(
+        auto_stats["predicted_speedup_same_dtype"] * summary["modes"]["vanilla"]["tokens_per_second"], rel=1e-4)
+    assert "at this run's machine speed" in printed
     auto = header.config
     adaptive = read_trace(tmp_path / "traces" / "dynamic-adaptive.jsonl")[0][0].header.config
     assert {k: auto[k] for k in chosen} == chosen
@@ -232,6 +237,8 @@ def test_auto_prediction_takes_each_generations_own_tree():
     trees = (TreeShape(8, 2, 2), TreeShape(2, 1, 2), PLAIN)
     seconds = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), t) for r, t in zip(results, trees))
     assert stats["predicted_tokens_per_second"] == pytest.approx(17 / seconds)
+    plain_seconds = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), PLAIN) for r in results)
+    assert stats["predicted_speedup_same_dtype"] == pytest.approx(plain_seconds / seconds)  # the same generations, plain
     assert stats["predicted_accept_length"] == pytest.approx(14 / (8 / 2.6 + 4 / 1.5 + 2 / 1))
     plain = expected_seconds(report, 600, 3, PLAIN)
     assert plain == pytest.approx(report.costs.t_prefill(600) + 2 * report.costs.t_plain(601))

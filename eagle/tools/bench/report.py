@@ -61,6 +61,9 @@ def _prediction(results: list[Result], report: AutoReport) -> dict:
     steps = [s for r in results for s in r.steps if s.step > 0]
     trees = [_tree(r, report) for r in results]
     predicted_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), t) for r, t in zip(results, trees))
+    # the same generations decoded plainly, by the same model: the speed-up it predicts does not depend on
+    # how fast the machine runs this minute (a shared VM's speed drifts by ~10 % between minutes)
+    plain_s = sum(expected_seconds(report, r.prompt_tokens, len(r.tokens), PLAIN) for r in results)
     drafted = [max(0, len(r.tokens) - 1) for r in results]
     rounds = [n / expected_accept_length(report, t) for n, t in zip(drafted, trees)]
     round_s = [expected_round_s(report, t) for t in trees]
@@ -70,6 +73,7 @@ def _prediction(results: list[Result], report: AutoReport) -> dict:
         accept, round_s = report.expected_accept_length, round_s[0]
     return {"predicted_tokens_per_second": tokens_per_second(sum(len(r.tokens) for r in results), predicted_s),
             "predicted_accept_length": accept, "predicted_round_ms": 1000 * round_s,
+            "predicted_speedup_same_dtype": plain_s / predicted_s if predicted_s > 0 else math.nan,
             "round_ms": 1000 * mean([sum(s.timings.values()) for s in steps])}
 
 
@@ -102,22 +106,37 @@ def _with_speedups(by_mode: dict[str, dict], bench: Bench,
         s["dtype"] = dtype
         for key, kind in SPEEDUP_KEYS.items():
             s[key] = ratio(s, baselines[kind])
-        s["speedup_same_dtype"] = ratio(s, _reference(by_mode, bench, "vanilla", dtype))
+        same = _reference(by_mode, bench, "vanilla", dtype)
+        s["speedup_same_dtype"] = ratio(s, same)
         s.setdefault("predicted_tokens_per_second", math.nan)
+        # the model's speed-up over the vanilla measured beside it: its tokens/s at this run's machine speed
+        s["predicted_tokens_per_second_at_run_speed"] = s.get("predicted_speedup_same_dtype", math.nan) * (
+            by_mode[same]["tokens_per_second"] if same else math.nan)
     return by_mode
 
 
 def predictions_line(by_mode: dict[str, dict]) -> str | None:
     """The auto budget's cost model against this run: predicted beside measured tokens/s per tuned mode,
     and the two parts it predicts (accept length per round, ms per drafted round at the reference
-    context), so a miss says which part missed."""
+    context), so a miss says which part missed; then the speed-up it predicts over same-dtype vanilla
+    against the one measured, and what that makes of tokens/s at the speed the machine ran this run."""
     rows = [f"{m}: predicted {s['predicted_tokens_per_second']:.2f} tok/s (accept {s['predicted_accept_length']:.2f}, "
             f"{s['predicted_round_ms']:.1f} ms/round), measured {s['tokens_per_second']:.2f} (accept "
             f"{s['mean_accept_length']:.2f}, {s['round_ms']:.1f} ms/round): "
-            f"{100 * (s['tokens_per_second'] / s['predicted_tokens_per_second'] - 1):+.1f} %"
+            f"{_miss(s['tokens_per_second'], s['predicted_tokens_per_second'])}; speed-up over vanilla "
+            f"{s['dtype']} predicted {s.get('predicted_speedup_same_dtype', math.nan):.3f}, measured "
+            f"{s['speedup_same_dtype']:.3f}: at this run's machine speed {_fmt(s.get('predicted_tokens_per_second_at_run_speed'), '.2f')} "
+            f"tok/s predicted, {_miss(s['tokens_per_second'], s.get('predicted_tokens_per_second_at_run_speed', math.nan))}"
             for m, s in by_mode.items() if not math.isnan(s.get("predicted_tokens_per_second", math.nan))
             and s.get("generations")]
     return "auto's cost model: " + "; ".join(rows) if rows else None
+
+
+def _miss(measured: float, predicted: float | None) -> str:
+    """How far the measurement is from the prediction, signed, or n/a."""
+    if predicted is None or math.isnan(predicted) or predicted <= 0:
+        return "n/a"
+    return f"{100 * (measured / predicted - 1):+.1f} %"
 
 
 def baselines_line(baselines: dict[str, str | None], by_mode: dict[str, dict]) -> str:
@@ -282,7 +301,8 @@ def json_line(summary: dict) -> str:
             "speedup_vs_pld", "speedup_same_dtype",
             "mean_accept_length", "tokens", "seconds", "generations")
     mism = summary["mismatches"] or {}
-    predicted = ("predicted_accept_length", "predicted_round_ms", "round_ms")  # tuned modes only
+    predicted = ("predicted_accept_length", "predicted_round_ms", "round_ms", "predicted_speedup_same_dtype",
+                 "predicted_tokens_per_second_at_run_speed")  # tuned modes only
     modes = {m: {**{k: s[k] for k in keys}, **{k: s[k] for k in predicted if k in s}, "mismatches": mism.get(m) if summary["mismatches"] is not None else None}
              for m, s in summary["modes"].items()}
     extra = {k: summary.get(k) for k in ("questions", "generations", "turns", "greedy", "mismatches", "divergences",
