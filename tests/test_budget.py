@@ -205,7 +205,6 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert costs.verify_scale_plain > 0 and costs.verify_scale_tree > 0
     assert report.t_plain == pytest.approx(costs.verify_scale_plain * report.t_verify["1"] + report.host_ms["plain"] / 1000)
     assert report.vanilla_same_dtype_tokens_per_s == pytest.approx(1 / report.t_plain)
-    costs = report.costs
     assert sorted(costs.prefill) == sorted({min(p, budget_costs.PREFIX_LEN) for p in budget_costs.PREFILL_LENS})
     assert min(costs.prefill.values()) > 0
     assert costs.host_tree == pytest.approx(report.host_ms["tree"] / 1000)

@@ -41,7 +41,8 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
 HOST_TOKENS = 32  # tokens decoded per prompt (after a short warm-up) to measure the host terms
-HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's 13 rounds moved the term by ~2 ms
+HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
+# below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
 COSTS_VERSION = 6
 
 
@@ -347,8 +348,9 @@ def _decode_terms(target: Target, head: AnyHead, costs: Costs, cfg: DecodeConfig
             if s.step > 0:
                 n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
                 verify = s.timings.get("verify", 0.0) + s.timings.get("accept", 0.0)
-                real, modelled = real + verify, modelled + costs.t_verify(n, context)
-                outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context) - costs.t_verify(n, context)
+                probe = costs.t_verify(n, context)
+                real, modelled = real + verify, modelled + probe
+                outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context) - probe
                 extra.append(sum(s.timings.values()) - verify - outside)
             context += len(s.new_tokens)
     scale = real / modelled if real > 0 and modelled > 0 else 1.0
