@@ -13,8 +13,9 @@ from pathlib import Path
 import streamlit as st
 
 from eagle.core.config import DecodeConfig, ModelLimits
-from eagle.models.head import AnyHead
+from eagle.models.head import AnyHead, head_dtype
 from eagle.models.headio import head_identity, resolve_head
+from eagle.tools.headprecision import set_head_dtype
 from eagle.tools.budget.choice import auto_config
 from eagle.tools.budget.report import AutoReport
 from eagle.models.loader import load_target
@@ -51,6 +52,7 @@ class Models:
     # head_type, head_version (the weights hash) and head_layout for trace headers: hashed once, at load, on
     # the torch thread (hashing converts every weight, a torch call no script thread may make: app.worker)
     head_identity: dict[str, str | dict | None] = field(default_factory=dict)
+    head_dtype_reason: str | None = None  # how --head-dtype auto chose the head's precision (None: on CUDA)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -88,7 +90,8 @@ def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
     def load() -> Models:
         target = load_target(model, dtype=dtype)
         loaded, source = resolve_head(target, head)
-        return Models(target, loaded, source, head_identity(loaded))
+        why = set_head_dtype(target, loaded, "auto")  # the head drafts in its own fastest precision
+        return Models(target, loaded, source, head_identity(loaded), why)
     with _LOAD_LOCK:
         return worker.call(load)  # on the app's torch thread, as all torch work (app.worker)
 
@@ -210,5 +213,7 @@ def show_head_badge(models: Models) -> None:
     else:
         st.sidebar.warning("Draft head: random (no trained head ships for this model yet), so drafts "
                            "are rarely accepted and τ stays near 1.")
-    reason = models.dtype_reason
+    reason, head_reason = models.dtype_reason, models.head_dtype_reason
     st.sidebar.caption(f"Precision in use: **{models.dtype_label}**" + (f" (auto: {reason})" if reason else ""))
+    st.sidebar.caption(f"Head drafts in: **{dtype_name(head_dtype(models.head))}**"
+                       + (f" (auto: {head_reason})" if head_reason else ""))

@@ -23,6 +23,7 @@ from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_mo
     load_pair, model_spec
 from .records.questions import load_questions
 from .models.location import DEFAULT_MODEL
+from .models.head import head_dtype
 from .models.precision import device_name, dtype_name
 from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
@@ -93,17 +94,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.trace:  # the whole generation in one locked append: concurrent runs never interleave
         header.meta["seconds"] = result.seconds  # the wall time, for the rates (eagle.records.stats)
         append_trace(args.trace, Trace(header, steps))
-    _print_result(args, target, cfg, result, source)
+    _print_result(args, target, cfg, result, source, header.meta.get("head_dtype"))
     return 0
 
 
-def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, source: str | None) -> None:
+def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, source: str | None,
+                  head_precision: str | None) -> None:
     text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     summary = {"text": text, "new_tokens": len(result.tokens), "seconds": round(result.seconds, 4),
                "tokens_per_second": round(result.tokens_per_second, 3), "mode": cfg.mode,
                "tau": round(result.tau, 4), "target_forwards": result.target_forwards,
                "finished": result.finished, "head": source, "dtype": dtype_name(target.dtype),
-               "config": asdict(cfg)}
+               "head_dtype": head_precision, "config": asdict(cfg)}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -126,10 +128,11 @@ def cmd_budget(args: argparse.Namespace) -> int:
     target, head, _ = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
     _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
     if args.json:
-        print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report}))
+        print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report,
+                          "head_dtype": dtype_name(head_dtype(head))}))
         return 0
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
-    print(f"dtype: {dtype_name(target.dtype)} ({why})")
+    print(f"dtype: {dtype_name(target.dtype)} ({why}); the head drafts in {dtype_name(head_dtype(head))}")
     print(f"chosen: {report.chosen}  expected tau {report.expected_accept_length:.2f}, "
           f"{report.expected_speedup:.2f}x {report.vanilla_label} ({report.vanilla_tokens_per_s:.1f} tok/s; "
           f"{report.expected_speedup_same_dtype:.2f}x vanilla {dtype_name(target.dtype)})")

@@ -76,6 +76,7 @@ DECODE_CASES = [  # generate's decode flags, shared by profile and bench (one De
     ("type", ["--head", "{tmp}/nohead"], "No draft head at"),
     ("type", ["--device", "tpu"], "--device: unknown device 'tpu'"),
     ("type", ["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    ("type", ["--head-dtype", "fp8"], "argument --head-dtype: invalid choice: 'fp8'"),
     ("type", ["--threads", "two"], "argument --threads: invalid int value"),
     ("range", ["--threads", "0"], "--threads must be >= 1, got 0"),
     ("type", ["--preset", "turbo"], "argument --preset: invalid choice: 'turbo'"),
@@ -103,7 +104,8 @@ DECODE_CASES = [  # generate's decode flags, shared by profile and bench (one De
     ("range", ["--lookup-tokens", "4", "--temperature", "0.5"], "--lookup-tokens 4 needs greedy dynamic decoding"),
     ("type", ["--budget", "huge"], "argument --budget: invalid choice: 'huge'"),
 ]
-MODEL_CASES = [c for c in DECODE_CASES if c[1][0] in ("--model", "--head", "--device", "--dtype", "--threads")]
+MODEL_CASES = [c for c in DECODE_CASES if c[1][0] in ("--model", "--head", "--device", "--dtype", "--head-dtype",
+                                                                 "--threads")]
 TRAINING_COMMON = [  # every training command's model flags and --seed
     ("type", ["--model", "{tmp}/no-model"], "No model directory at"),
     ("type", ["--device", "tpu"], "--device: unknown device 'tpu'"),
@@ -342,6 +344,7 @@ NOTEBOOK_CASES = [  # (prompt, keywords, words of the SettingError)
     ("hi", {"device": 0}, "device must be a string, got 0"),
     ("hi", {"device": "tpu"}, "device: unknown device 'tpu'"),
     ("hi", {"dtype": "fp8"}, "dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"),
+    ("hi", {"head_dtype": "fp8"}, "head_dtype must be one of auto, target, float32, bfloat16, float16, got 'fp8'"),
     ("hi", {"threads": "2"}, "threads must be an integer"), ("hi", {"threads": 0}, "threads must be >= 1, got 0"),
 ]
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ..models.head import DraftHead
+from ..models.head import DraftHead, head_dtype
 from ..models.head3 import Eagle3Head, top_token_ids
 from ..models.kvcache import KVCache
 from .tree import ancestor_mask, select_frontier, topk_children
@@ -50,6 +50,12 @@ class Drafter:
             rows = rows.to(self.weight.device)
             self.vocab_ids = rows if self.vocab_ids is None else self.vocab_ids[rows]
             self.weight = self.weight[rows]
+        self.weight = self.scoring(self.weight)
+
+    def scoring(self, weight: torch.Tensor) -> torch.Tensor:
+        """lm_head rows in the head's precision: the target's rows are a copy when the head drafts in a
+        precision of its own (cast_head), made once per generation."""
+        return weight.to(head_dtype(self.head))
 
     @torch.inference_mode()
     def consume(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

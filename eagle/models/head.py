@@ -72,7 +72,8 @@ class DraftHead(nn.Module):
 
     def _fuse(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc([embed(x_{t+1}) ; f_t]): (B, T) ids and (B, T, H) features -> (B, T, H)."""
-        return self.fc(torch.cat([self.embed_tokens(token_ids), features.to(self.fc.weight.dtype)], dim=-1))
+        dtype = self.fc.weight.dtype  # the head's own precision; a shared embedding keeps the target's
+        return self.fc(torch.cat([self.embed_tokens(token_ids).to(dtype), features.to(dtype)], dim=-1))
 
     def forward(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, start: int = 0,
@@ -128,7 +129,28 @@ def new_head(target, seed: int = 0, kind: str = "eagle1", draft_ids: torch.Tenso
         if kind != "eagle3":
             raise ValueError("draft_ids: only an EAGLE-3 head has its own draft vocabulary")
         head.set_draft_vocab(draft_ids)
-    return head.to(device=target.device, dtype=target.dtype).eval()
+    return cast_head(head.to(target.device), target.dtype, embed).eval()
+
+
+def cast_head(head: AnyHead, dtype: torch.dtype, shared: nn.Module | None = None) -> AnyHead:
+    """The head in `dtype` (in place), all but `shared`, the target's embedding it reads, which keeps
+    the target's precision. A head is one layer plus a vocabulary-wide product, so it may draft in a
+    precision of its own: the target verifies every token, so greedy output stays the target's."""
+    for child in head.children():
+        if child is not shared:
+            child.to(dtype)
+    return head
+
+
+def head_dtype(head: AnyHead) -> torch.dtype:
+    """The precision the head drafts in (a shared embedding may differ: it stays the target's)."""
+    return head.fc.weight.dtype
+
+
+def head_shape(head: AnyHead) -> str:
+    """What a head's drafting costs depend on besides the machine: every EAGLE-1/2 head of a target
+    drafts alike; an EAGLE-3 head's cost is its own vocabulary's width."""
+    return "eagle1" if isinstance(head, DraftHead) else f"eagle3-{head.d2t.numel()}"
 
 
 def _init_linear(module: nn.Module, std: float) -> None:

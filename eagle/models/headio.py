@@ -18,7 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from ..records.files import atomic_write
 from ..records.schema import FileFormatError, is_kind
 from ..resources import resource_path
-from .head import AnyHead, DraftHead, new_head
+from .head import AnyHead, DraftHead, cast_head, new_head
 from .head3 import Eagle3Head
 from .layouts import EAGLE, EAGLE3, LABELS, Checkpoint, HeadLayoutError, read_checkpoint, read_tensors, \
     write_checkpoint
@@ -143,11 +143,12 @@ def _check_tensors(head: AnyHead, ckpt: Checkpoint) -> None:
         raise FileFormatError(f"{file}: the tensor {broken} holds NaN or infinite values: copy it again.")
 
 
-def load_head(path: str | Path, target=None) -> AnyHead:
+def load_head(path: str | Path, target=None, dtype: torch.dtype | None = None) -> AnyHead:
     """Load a head directory in any public layout (eagle.models.layouts: official EAGLE-1/2 and EAGLE-3,
     SpecForge, vLLM speculators); its layer ids become Target.forward's feature_layers and the layout
     is kept as head.layout. Without `embed_tokens` in the file, the target's embedding is shared
-    (target is then required, as it is for an EAGLE-3 head that records no layer ids)."""
+    (target is then required, as it is for an EAGLE-3 head that records no layer ids). dtype: the
+    head's precision (None: the target's, fp32 without one); a shared embedding keeps the target's."""
     ckpt, config = read_head(path, None if target is None else target.config)
     embed = None
     if "embed_tokens.weight" not in ckpt.state:
@@ -167,9 +168,9 @@ def load_head(path: str | Path, target=None) -> AnyHead:
     head.load_state_dict(ckpt.state, strict=False)  # names and shapes checked by read_head
     head.layout = ckpt.layout
     _load_counts(head, Path(path))
-    device = target.device if target is not None else "cpu"
-    dtype = target.dtype if target is not None else torch.float32
-    return head.to(device=device, dtype=dtype).eval()
+    head.to(target.device if target is not None else "cpu")
+    own = target.dtype if target is not None else torch.float32
+    return cast_head(head, dtype or own, embed).eval()
 
 
 def _load_counts(head: AnyHead, path: Path) -> None:
@@ -261,7 +262,8 @@ def locate_head(head: str | Path | None) -> str | Path | None:
 
 def resolve_head(target, head: str | Path | None = "auto") -> tuple[AnyHead, str]:
     """'auto': the shipped head for the target, else a random head; 'random': a fresh random head;
-    otherwise a head directory. Returns the head and a description of where it came from."""
+    otherwise a head directory. Returns the head, at the target's precision (cast_head changes it), and
+    a description of where it came from."""
     if head in (None, "auto"):
         path = shipped_head_path(target.name)
         if path is None:

@@ -97,14 +97,27 @@ def measure_dtypes(target: Target, dtypes: tuple[str, ...] = CPU_DTYPES,
 def choose_cpu_dtype(target: Target, refresh: bool = False) -> dict:
     """The faster of fp32 and bf16 for this model on this CPU (least t(1) + t(8)), cached per model,
     CPU and thread count. Returns {"chosen", "ms": {dtype: {n: ms}}, "reason", "file"}."""
-    key = f"{target.name}|{device_name(target.device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    def measure() -> dict[str, dict[str, float]]:
+        measured = measure_dtypes(target)
+        return {d: {str(n): round(1000 * t, 2) for n, t in by_n.items()} for d, by_n in measured.items()}
+    return cached_choice(f"{target.name}|{machine_key(target.device)}", measure, _dtype_reason, refresh)
+
+
+def machine_key(device: torch.device) -> str:
+    """What a measured precision choice holds for: the device, the thread count and torch."""
+    return f"{device_name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def cached_choice(key: str, measure: Callable[[], dict[str, dict[str, float]]],
+                  reason: Callable[[str, dict[str, dict[str, float]]], str], refresh: bool = False) -> dict:
+    """The precision with the least summed milliseconds (measure(): {dtype: {probe: ms}}), measured
+    once per key and cached. Returns {"key", "chosen", "ms", "reason", "file"}."""
     path = cache_dir() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
     report = None if refresh else _cached_dtype_choice(path, key)
     if report is None:
-        measured = measure_dtypes(target)
-        ms = {d: {str(n): round(1000 * t, 2) for n, t in by_n.items()} for d, by_n in measured.items()}
+        ms = measure()
         chosen = min(ms, key=lambda d: sum(ms[d].values()))
-        report = {"key": key, "chosen": chosen, "ms": ms, "reason": _dtype_reason(chosen, ms)}
+        report = {"key": key, "chosen": chosen, "ms": ms, "reason": reason(chosen, ms)}
         atomic_write_json(path, report)
     return {**report, "file": str(path)}
 

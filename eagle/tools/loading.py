@@ -18,6 +18,7 @@ from ..models.loader import load_target
 from ..models.location import DEFAULT_MODEL, locate_model, looks_like_path
 from ..models.precision import DTYPE_CHOICES, parse_device
 from ..models.target import Target
+from .headprecision import HEAD_DTYPE_CHOICES, set_head_dtype
 
 KNOBS_EPILOG = """knob names elsewhere (official EAGLE / SGLang / vLLM):
   --total-tokens  total_token / --speculative-num-draft-tokens / num_speculative_tokens + 1 (verified
@@ -36,8 +37,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "'auto' (the shipped head for --model, else random) or 'random'")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="precision of the target and head; auto (default): bf16 on CUDA (fp16 without bf16), "
+                   help="precision of the target; auto (default): bf16 on CUDA (fp16 without bf16), "
                         "on a CPU the faster of fp32 and bf16 as measured once on this machine")
+    p.add_argument("--head-dtype", choices=HEAD_DTYPE_CHOICES, default="auto",
+                   help="precision the draft head drafts in; auto (default): on a CPU the faster of fp32 and bf16 "
+                        "for drafting, measured once on this machine, on CUDA the target's; target: the target's")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
 
@@ -72,7 +76,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
 INT_SETTINGS = ("max_new_tokens", "top_k_sampling", "seed", *TreeShape.keys(), "lookup_tokens", "threads")
 FLOAT_SETTINGS = ("temperature", "top_p")
 CHOICES: dict[str, tuple[str, ...]] = {"mode": MODES, "preset": tuple(sorted(PRESETS)), "budget": BUDGETS,
-                                       "dtype": DTYPE_CHOICES}
+                                       "dtype": DTYPE_CHOICES, "head_dtype": HEAD_DTYPE_CHOICES}
 PATH_SETTINGS = ("model", "head")  # a str or a pathlib.Path
 _DEFAULTS = DecodeConfig()
 
@@ -108,6 +112,7 @@ class DecodeSettings:
     head: str = "auto"
     device: str | None = None
     dtype: str = "auto"
+    head_dtype: str = "auto"
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -211,17 +216,20 @@ def budget_mode(args: DecodeSettings, mode: str, device_type: str) -> str:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which model pair to load, as typed settings: the target, the head (None: no head), device, dtype."""
+    """Which model pair to load, as typed settings: the target, the head (None: no head), device and
+    the precisions of each (eagle.tools.headprecision)."""
     model: str = DEFAULT_MODEL
     head: str | None = "auto"
     device: str | None = None
     dtype: str = "auto"
+    head_dtype: str = "auto"
 
 
 def model_spec(args: DecodeSettings, need_head: bool) -> ModelSpec:
     """The model flags as a ModelSpec; a hub head id is located (downloaded, or refused offline) here,
     before the target takes time to load."""
-    return ModelSpec(str(args.model), locate_head(args.head) if need_head else None, args.device, str(args.dtype))
+    return ModelSpec(str(args.model), locate_head(args.head) if need_head else None, args.device, str(args.dtype),
+                     str(args.head_dtype))
 
 
 def check_local_paths(settings: DecodeSettings, need_head: bool) -> None:
@@ -234,9 +242,15 @@ def check_local_paths(settings: DecodeSettings, need_head: bool) -> None:
 
 
 def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
-    """The target at spec.dtype (saying on stderr how auto chose it) and the head, if one is named."""
+    """The target at spec.dtype and the head, if one is named, at spec.head_dtype (saying on stderr how
+    auto chose each)."""
     target = load_target(spec.model, device=spec.device, dtype=spec.dtype)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
-    head, source = resolve_head(target, spec.head) if spec.head is not None else (None, None)
+    if spec.head is None:
+        return target, None, None
+    head, source = resolve_head(target, spec.head)
+    why = set_head_dtype(target, head, spec.head_dtype)
+    if why:
+        print(f"head dtype auto: {why}", file=sys.stderr)
     return target, head, source

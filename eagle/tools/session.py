@@ -11,7 +11,7 @@ from ..core.config import DecodeConfig
 from ..core.decode import Decoder
 from ..core.prompt import encode_prompt
 from ..core.lookup import LOOKUP_TOKENS
-from ..models.head import AnyHead
+from ..models.head import AnyHead, head_dtype
 from ..models.headio import head_identity
 from .loading import check_budget
 from ..models.precision import dtype_name
@@ -119,11 +119,13 @@ class Session:
     def header(self, prompt: Prompt, cfg: DecodeConfig | dict, prompt_tokens: int, **meta) -> TraceHeader:
         """The one trace header: model, the head only when the mode drafts, the config as run (a dict
         for bench's HF modes and its extra fields), the last user message (a conversation's messages in
-        meta), dtype and device in meta."""
+        meta), dtype, the head's dtype when it drafts, and device in meta."""
         config = asdict(cfg) if isinstance(cfg, DecodeConfig) else cfg
         drafts = config["mode"] in DRAFT_MODES
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         base = {"dtype": dtype_name(self.target.dtype), "device": self.target.device.type}
+        if drafts and self.head is not None:
+            base["head_dtype"] = dtype_name(head_dtype(self.head))
         if not isinstance(prompt, str) and len(prompt) > 1:
             base["messages"] = prompt
         identity = self.identity if drafts else head_identity(None)

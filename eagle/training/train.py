@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..records.files import atomic_write, atomic_write_json, exclusive_lock, locked_append, run_logger, torch_bytes
-from ..models.head import AnyHead, new_head
+from ..models.head import AnyHead, cast_head, new_head
 from ..models.head3 import top_token_ids
 from ..models.headio import COUNTS_FILE, load_head, read_token_counts, save_head
 from ..models.precision import dtype_name
@@ -34,12 +34,9 @@ def _init_head(target: Target, seed: int, kind: str = "eagle1", draft_ids: torch
 
 
 def _fp32(head: AnyHead, target: Target) -> AnyHead:
-    """The head in fp32, as it trains and is evaluated; an embedding shared with a non-fp32 target is
-    replaced by an fp32 copy (casting must not touch the target)."""
-    shared = head.embed_tokens is target.model.model.embed_tokens
-    if shared and target.dtype != torch.float32:
-        head.embed_tokens = torch.nn.Embedding.from_pretrained(target.model.model.embed_tokens.weight.float())
-    return head.float()
+    """The head in fp32, as it trains and is evaluated; an embedding it shares with the target keeps
+    the target's precision (the head casts what it reads from it)."""
+    return cast_head(head, torch.float32, target.model.model.embed_tokens)
 
 
 def _trainable_state(head: AnyHead) -> dict[str, torch.Tensor]:

@@ -125,7 +125,8 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
     if loaded:  # the other dtypes load the head the first pair found (no second hub lookup)
         default, pairs = next(iter(loaded)), dict(loaded)
-        spec = ModelSpec(str(args.model), pairs[default].source if need_head else None, args.device, default)
+        spec = ModelSpec(str(args.model), pairs[default].source if need_head else None, args.device, default,
+                         str(args.head_dtype))
     else:
         spec = model_spec(DecodeSettings.from_args(args), need_head)
         target, head, source = load_pair(spec)

@@ -4,6 +4,7 @@ own functions in interleaved probes and cached per machine key; and the host ter
 decode spends beyond the probes. Also the grid every budget search covers."""
 from __future__ import annotations
 
+import copy
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -18,9 +19,9 @@ from ...core.config import DecodeConfig, TreeShape
 from ...core.decode import Decoder, Drafter, draft_round, generate, greedy_accept, new_drafter
 from ...core.tree import build_tree
 from ...core.nodes import TokenTexts
-from ...models.head import AnyHead, DraftHead
+from ...models.head import AnyHead, cast_head, head_dtype, head_shape
 from ...models.location import cache_dir
-from ...models.precision import device_name
+from ...models.precision import DTYPES, device_name, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json, read_json_or_none
 from ...records.schema import FileFormatError, check_object, check_value, fail, is_kind
@@ -114,10 +115,12 @@ class Costs:
 
 
 def cost_key(target: Target, head: AnyHead) -> str:
-    """Costs are the machine's, the target's and the head's shape: every EAGLE-1/2 head of a target
-    drafts at the same cost; an EAGLE-3 head's cost is its own vocabulary's width."""
-    shape = "eagle1" if isinstance(head, DraftHead) else f"eagle3-{head.d2t.numel()}"
-    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|{shape}"
+    """Costs are the machine's, the target's and its precision, and the head's shape (head_shape) and
+    precision (the head may draft in one of its own)."""
+    own = head_dtype(head)
+    drafts = "" if own == target.dtype else f"|head={dtype_name(own)}"
+    return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|" \
+           f"{head_shape(head)}{drafts}"
 
 
 def cost_path(key: str) -> Path:
@@ -282,6 +285,19 @@ def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[i
     meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context,
                  {p: t[f"p{p}"] for p in prefill_lens})
+
+
+def time_head_dtypes(target: Target, head: AnyHead, dtypes: tuple[str, ...], repeats: int = 9) -> dict:
+    """A round's drafting (a DEPTH_PROBE-step dynamic draft at top_k 8 over the full vocabulary) by a copy
+    of the head in each precision, interleaved: {dtype: {"draft": ms}}. The head is left as it is."""
+    shared = target.model.model.embed_tokens  # the copies share it too: casting leaves it alone
+    jobs = {}
+    for d in dtypes:
+        twin = cast_head(copy.deepcopy(head, {id(shared): shared}), DTYPES[d], shared)
+        jobs[d] = _Probe(target, twin, PREFIX_LEN, 1).draft(8, 0, DEPTH_PROBE)
+    with torch.inference_mode():
+        t = time_interleaved(jobs, repeats, f"timing the head in {' vs '.join(dtypes)} once for --head-dtype auto")
+    return {d: {"draft": round(1000 * t[d], 2)} for d in dtypes}
 
 
 STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
