@@ -141,6 +141,21 @@ def test_auto_dtype_picks_the_faster_measured_and_caches_it(tmp_path, monkeypatc
     assert precision_mod.choose_cpu_dtype(tiny, refresh=True)["chosen"] == "bfloat16" and len(calls) == 1
 
 
+def test_auto_dtype_for_plain_decoding_is_the_faster_single_token(tmp_path, monkeypatch):
+    """A CPU whose bf16 reads weights faster but computes a tree slower (AVX2 without bf16 units, 2026-12-06:
+    t(1) 39 vs 59 ms, t(8) 149 vs 119 ms): trees verify in fp32, plain decoding runs bf16, from one timing."""
+    from eagle.models import precision as precision_mod
+    from tests.tiny import tiny_target
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(precision_mod, "measure_dtypes", lambda t: calls.append(t) or {
+        "float32": {1: 0.059, 8: 0.119}, "bfloat16": {1: 0.039, 8: 0.149}})
+    tiny = tiny_target()
+    trees, plain = precision_mod.choose_cpu_dtype(tiny), precision_mod.choose_cpu_dtype(tiny, plain=True)
+    assert trees["chosen"] == "float32" and plain["chosen"] == "bfloat16" and len(calls) == 1
+    assert "one token at a time" in plain["reason"] and "t(1) 39 ms" in plain["reason"]
+
+
 @pytest.mark.parametrize("edit", [{"chosen": "float64"}, {"chosen": ["bfloat16"]}, {"reason": None}, {"key": "x"}])
 def test_a_precision_cache_outside_its_set_is_measured_again(tmp_path, monkeypatch, edit):
     """A cached --dtype auto choice that names no dtype auto measures (a hand edit, another version) is

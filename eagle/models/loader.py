@@ -11,9 +11,10 @@ from .target import Target
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
-                dtype: DtypeSpec = None) -> Target:
+                dtype: DtypeSpec = None, plain: bool = False) -> Target:
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
-    dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`."""
+    dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`,
+    made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
@@ -35,7 +36,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     model.to(dev).eval().requires_grad_(False)
     target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
     if chosen is None:  # "auto" on a CPU: time both, keep the faster
-        target.dtype_report = choose_cpu_dtype(target)
+        target.dtype_report = choose_cpu_dtype(target, plain=plain)
         if target.dtype_report["chosen"] != "float32":
             model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
     return target

@@ -94,13 +94,25 @@ def measure_dtypes(target: Target, dtypes: tuple[str, ...] = CPU_DTYPES,
     return {d: {n: times[(d, n)] for n in DTYPE_PROBE_NS} for d in dtypes}
 
 
-def choose_cpu_dtype(target: Target, refresh: bool = False) -> dict:
-    """The faster of fp32 and bf16 for this model on this CPU (least t(1) + t(8)), cached per model,
-    CPU and thread count. Returns {"chosen", "ms": {dtype: {n: ms}}, "reason", "file"}."""
+def choose_cpu_dtype(target: Target, refresh: bool = False, plain: bool = False) -> dict:
+    """The faster of fp32 and bf16 for this model on this CPU, cached per model, CPU and thread count:
+    for decoding with trees the least t(1) + t(8) (a draft round and a verify), for plain decoding
+    (`plain`: one token per forward) the least t(1). Returns {"chosen", "ms": {dtype: {n: ms}}, "reason",
+    "file"}."""
     def measure() -> dict[str, dict[str, float]]:
         measured = measure_dtypes(target)
         return {d: {str(n): round(1000 * t, 2) for n, t in by_n.items()} for d, by_n in measured.items()}
-    return cached_choice(f"{target.name}|{machine_key(target.device)}", measure, _dtype_reason, refresh)
+    report = cached_choice(f"{target.name}|{machine_key(target.device)}", measure, _dtype_reason, refresh)
+    if not plain:
+        return report
+    ms = report["ms"]
+    chosen = min(ms, key=lambda d: ms[d]["1"])
+    return {**report, "chosen": chosen, "reason": _plain_reason(chosen, ms)}
+
+
+def _plain_reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:
+    parts = ", ".join(f"{d}: t(1) {v['1']:.0f} ms" for d, v in ms.items())
+    return f"{chosen} decodes one token at a time faster on this CPU ({parts}; measured once, cached)"
 
 
 def machine_key(device: torch.device) -> str:

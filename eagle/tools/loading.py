@@ -243,8 +243,8 @@ def check_local_paths(settings: DecodeSettings, need_head: bool) -> None:
 
 def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
     """The target at spec.dtype and the head, if one is named, at spec.head_dtype (saying on stderr how
-    auto chose each)."""
-    target = load_target(spec.model, device=spec.device, dtype=spec.dtype)
+    auto chose each: without a head, for plain decoding)."""
+    target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
     if spec.head is None:

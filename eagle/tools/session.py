@@ -81,10 +81,11 @@ class Session:
         on = budget != "fixed" and cfg.mode == "dynamic" and cfg.greedy
         return cfg.with_(lookup_tokens=LOOKUP_TOKENS if on else 0)
 
-    @staticmethod
-    def fallback(cfg: DecodeConfig, report: AutoReport | None) -> tuple[DecodeConfig, str | None]:
+    def fallback(self, cfg: DecodeConfig, report: AutoReport | None) -> tuple[DecodeConfig, str | None]:
         """Plain decoding, and the sentence saying why, when the auto budget expects no tree to beat
-        vanilla decoding at the model's own precision (a random or poor head); else cfg unchanged."""
+        vanilla decoding at the model's own precision (a random or poor head, or a CPU whose verify of a
+        few tokens costs much more than one); else cfg unchanged. The sentence names a faster precision
+        for plain decoding where there is one (the pair stays at the one it was loaded in)."""
         if report is None:
             return cfg, None
         choice = report.context_choice
@@ -92,7 +93,10 @@ class Session:
         if expected >= 1.0:
             return cfg, None
         why = f"the auto budget expects no tree to pay here (its best, {expected:.2f}x vanilla at this precision)"
-        return cfg.with_(mode="vanilla", lookup_tokens=0), f"{why}: decoding as vanilla"
+        own = dtype_name(self.target.dtype)
+        faster = f"; vanilla {report.vanilla_dtype} is faster here (--mode vanilla --dtype auto runs it)" \
+            if report.vanilla_dtype != own else ""
+        return cfg.with_(mode="vanilla", lookup_tokens=0), f"{why}: decoding as vanilla {own}{faster}"
 
     def choose(self, cfg: DecodeConfig, budget: str, prompt_tokens: int | None) -> Choice:
         """What a prompt of `prompt_tokens` tokens decodes with: the tree tuned for the generation's
