@@ -7,6 +7,7 @@ import torch
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
 from .precision import DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
+from .kernels import choose_linear_kernel, onednn_available, pack_linears
 from .target import Target
 
 
@@ -14,7 +15,8 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
                 dtype: DtypeSpec = None, plain: bool = False) -> Target:
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`,
-    made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees."""
+    made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees; an
+    fp32 choice also picks the faster fp32 kernel (eagle.models.kernels; `target.kernel_report`)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
@@ -39,6 +41,10 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
         target.dtype_report = choose_cpu_dtype(target, plain=plain)
         if target.dtype_report["chosen"] != "float32":
             model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
+        elif onednn_available():  # fp32: the faster of torch's default kernel and oneDNN's, timed once
+            target.kernel_report = choose_linear_kernel(target)
+            if target.kernel_report["chosen"] == "onednn":
+                pack_linears(model)
     return target
 
 

@@ -121,11 +121,12 @@ def machine_key(device: torch.device) -> str:
 
 
 def cached_choice(key: str, measure: Callable[[], dict[str, dict[str, float]]],
-                  reason: Callable[[str, dict[str, dict[str, float]]], str], refresh: bool = False) -> dict:
-    """The precision with the least summed milliseconds (measure(): {dtype: {probe: ms}}), measured
-    once per key and cached. Returns {"key", "chosen", "ms", "reason", "file"}."""
+                  reason: Callable[[str, dict[str, dict[str, float]]], str], refresh: bool = False,
+                  options: tuple[str, ...] = CPU_DTYPES) -> dict:
+    """The option (a precision, a kernel) with the least summed milliseconds (measure(): {option:
+    {probe: ms}}), measured once per key and cached. Returns {"key", "chosen", "ms", "reason", "file"}."""
     path = cache_dir() / "precision" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
-    report = None if refresh else _cached_dtype_choice(path, key)
+    report = None if refresh else _cached_dtype_choice(path, key, options)
     if report is None:
         ms = measure()
         chosen = min(ms, key=lambda d: sum(ms[d].values()))
@@ -134,11 +135,11 @@ def cached_choice(key: str, measure: Callable[[], dict[str, dict[str, float]]],
     return {**report, "file": str(path)}
 
 
-def _cached_dtype_choice(path: Path, key: str) -> dict | None:
-    """The cached report when it is for this key and whole; a choice outside CPU_DTYPES or a reason that
+def _cached_dtype_choice(path: Path, key: str, options: tuple[str, ...] = CPU_DTYPES) -> dict | None:
+    """The cached report when it is for this key and whole; a choice outside `options` or a reason that
     is no text (an edit, another version's format) makes it stale, to be measured again."""
     report = read_json_or_none(path)
-    if report is None or report.get("key") != key or report.get("chosen") not in CPU_DTYPES:
+    if report is None or report.get("key") != key or report.get("chosen") not in options:
         return None
     return report if isinstance(report.get("reason"), str) else None
 

@@ -16,6 +16,7 @@ class Target:
     tokenizer: object
     name: str
     dtype_report: dict | None = field(default=None, repr=False)  # how "auto" chose the dtype
+    kernel_report: dict | None = field(default=None, repr=False)  # how "auto" chose fp32's kernel (models.kernels)
 
     @property
     def device(self) -> torch.device:

@@ -247,6 +247,8 @@ def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
     target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None)
     if target.dtype_report:
         print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
+    if target.kernel_report:
+        print(f"dtype auto: {target.kernel_report['reason']}", file=sys.stderr)
     if spec.head is None:
         return target, None, None
     head, source = resolve_head(target, spec.head)

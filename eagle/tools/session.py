@@ -13,6 +13,7 @@ from ..core.prompt import encode_prompt
 from ..core.lookup import LOOKUP_TOKENS
 from ..models.head import AnyHead, head_dtype
 from ..models.headio import head_identity
+from ..models.kernels import linear_kernel
 from .loading import check_budget
 from ..models.precision import dtype_name
 from ..models.target import Target
@@ -128,6 +129,8 @@ class Session:
         drafts = config["mode"] in DRAFT_MODES
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         base = {"dtype": dtype_name(self.target.dtype), "device": self.target.device.type}
+        if linear_kernel(self.target) != "default":  # the projections' kernel, where auto changed it
+            base["linear_kernel"] = linear_kernel(self.target)
         if drafts and self.head is not None:
             base["head_dtype"] = dtype_name(head_dtype(self.head))
         if not isinstance(prompt, str) and len(prompt) > 1:

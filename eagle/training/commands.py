@@ -257,8 +257,9 @@ def _main(argv: list[str]) -> int:
     # Features are stored in fp16 whatever the dtype; training keeps fp32 master weights and uses
     # autocast when the target runs in bf16/fp16.
     target = load_target(args.model, device=args.device, dtype=args.dtype)
-    if target.dtype_report:
-        print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
+    for report in (target.dtype_report, target.kernel_report):
+        if report:
+            print(f"dtype auto: {report['reason']}", file=sys.stderr)
     runs = {"prepare": _run_prepare, "train": _run_train, "evaluate": _run_evaluate, "distill": _run_distill,
             "ablation": _run_ablation}
     runs[args.command](args, target)

@@ -1,0 +1,64 @@
+"""fp32 projections on oneDNN's prepacked kernel (eagle.models.kernels): the same numbers as torch's Linear
+to fp32 rounding, the weights still shared, greedy decoding still exact, chosen by a cached measurement."""
+import pytest
+import torch
+
+from eagle.core.config import DecodeConfig
+from eagle.core.decode import Decoder, generate
+from eagle.models import kernels
+from eagle.models.kernels import PackedLinear, linear_kernel, onednn_available, pack_linears
+from eagle.tools.budget.costs import cost_key
+from eagle.tools.session import Session
+from tests.test_reliability import tiny_dir  # noqa: F401 (a fixture)
+from tests.tiny import tiny_pair
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
+def test_a_packed_linear_computes_the_linear(rows):
+    linear = torch.nn.Linear(48, 80)
+    packed = PackedLinear.of(linear)
+    x = torch.randn(2, rows, 48)
+    assert packed.weight is linear.weight and packed(x).shape == (2, rows, 80)
+    torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_keeps_tied_weights_and_decoding_exact(single_thread):
+    target, head = tiny_pair(vocab=40, eos=None)
+    prompt, new = [4, 9, 2, 7, 7, 1], 24
+    vanilla = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=new)), prompt).tokens
+    unpacked_key = cost_key(target, head)
+    lm_weight = target.model.lm_head.weight
+    assert pack_linears(target.model) == 1 + 7 * target.config.num_hidden_layers  # lm_head + q,k,v,o,gate,up,down
+    assert target.model.lm_head.weight is lm_weight and linear_kernel(target) == "onednn"
+    assert cost_key(target, head) == unpacked_key + "|onednn"  # its costs are its own
+    packed_vanilla = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=new)), prompt).tokens
+    assert packed_vanilla == vanilla  # the tiny model's logits are far from ties: fp32 rounding changes nothing
+    cfg = DecodeConfig(mode="dynamic", max_new_tokens=new, total_tokens=8, depth=3, top_k=3)
+    assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla
+    assert Session.of(target, head, "random").header("hi", cfg, 3).meta["linear_kernel"] == "onednn"
+
+
+def test_the_kernel_choice_is_measured_once_and_cached(tmp_path, monkeypatch, single_thread):
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    target, _ = tiny_pair(vocab=40)
+    report = kernels.choose_linear_kernel(target)
+    ms = report["ms"]
+    assert set(ms) == {"default", "onednn"} and report["chosen"] == min(ms, key=lambda k: sum(ms[k].values()))
+    assert linear_kernel(target) == "default"  # measured on a copy
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t: pytest.fail("measured again"))
+    assert kernels.choose_linear_kernel(target)["chosen"] == report["chosen"]
+
+
+def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
+    """--dtype auto on a CPU: fp32 chosen and oneDNN timed faster -> packed; an explicit float32 never is."""
+    from eagle.models import loader, precision
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    monkeypatch.setattr(precision, "measure_dtypes", lambda t: {"float32": {1: 1.0, 8: 1.0},
+                                                                "bfloat16": {1: 2.0, 8: 2.0}})
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 2.0, "8": 4.0},
+                                                               "onednn": {"1": 2.0, "8": 2.0}})
+    auto = loader.load_target(str(tiny_dir), dtype="auto")
+    assert linear_kernel(auto) == "onednn" and "onednn kernel" in auto.kernel_report["reason"]
+    assert linear_kernel(loader.load_target(str(tiny_dir), dtype="float32")) == "default"
