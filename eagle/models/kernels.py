@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..records.timing import time_interleaved
-from .precision import DTYPE_PROBE_NS, _forward_job, cached_choice, machine_key
+from .precision import DTYPE_PROBE_NS, forward_job, cached_choice, machine_key
 from .target import Target
 
 KERNELS = ("default", "onednn")
@@ -67,7 +67,7 @@ def measure_kernels(target: Target, repeats: int = 15) -> dict[str, dict[str, fl
     packed = copy.deepcopy(target.model)
     pack_linears(packed)
     copies = {"default": target, "onednn": Target(packed, target.tokenizer, target.name)}
-    jobs = {(k, n): _forward_job(t, n) for k, t in copies.items() for n in DTYPE_PROBE_NS}
+    jobs = {(k, n): forward_job(t, n) for k, t in copies.items() for n in DTYPE_PROBE_NS}
     times = time_interleaved(jobs, repeats, desc="timing fp32 kernels once for --dtype auto")
     return {k: {str(n): round(1000 * times[(k, n)], 2) for n in DTYPE_PROBE_NS} for k in copies}
 

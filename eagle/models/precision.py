@@ -72,7 +72,7 @@ DTYPE_PREFIX = 192
 CPU_DTYPES = ("float32", "bfloat16")  # what "auto" chooses between on a CPU (fp16 matmuls are slow there)
 
 
-def _forward_job(target: Target, n_new: int) -> Callable[[], None]:
+def forward_job(target: Target, n_new: int) -> Callable[[], None]:
     """One n_new-token forward after a DTYPE_PREFIX-token prefix, rewriting the same cache slots."""
     cache = target.new_cache(DTYPE_PREFIX + n_new)
     gen = torch.Generator().manual_seed(0)
@@ -89,7 +89,7 @@ def measure_dtypes(target: Target, dtypes: tuple[str, ...] = CPU_DTYPES,
     """Median forward time per dtype and token count, all probes interleaved so a drift in the
     machine's load hits each alike. Works on copies: `target` is left as it is."""
     copies = {d: Target(copy.deepcopy(target.model).to(DTYPES[d]), target.tokenizer, target.name) for d in dtypes}
-    jobs = {(d, n): _forward_job(copies[d], n) for d in dtypes for n in DTYPE_PROBE_NS}
+    jobs = {(d, n): forward_job(copies[d], n) for d in dtypes for n in DTYPE_PROBE_NS}
     times = time_interleaved(jobs, repeats, desc=f"timing {' vs '.join(dtypes)} once for --dtype auto")
     return {d: {n: times[(d, n)] for n in DTYPE_PROBE_NS} for d in dtypes}
 
