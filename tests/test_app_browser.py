@@ -210,9 +210,12 @@ def test_multiline_emoji_prompt_downloads_history_and_readable_tree(served, tmp_
         assert drv.execute_script(FIND_AREA).get_property("value") == MULTILINE  # the editor kept both lines
 
         streamed = drv.execute_script("window.__streamObserver.disconnect(); return window.__stream;")
-        assert streamed and all(FFFD not in text for text in streamed), streamed
         shown = drv.find_element(By.CSS_SELECTOR, ".eagle-tokens").get_property("textContent")
-        assert shown and FFFD not in shown
+        # A character is held back until whole; only a reply cut by the token limit inside one may end
+        # in U+FFFD, as its full decode does (checked against the trace below).
+        assert streamed and all(FFFD not in text.rstrip(FFFD) for text in streamed), streamed
+        assert all(FFFD not in text for text in streamed if text != shown), streamed
+        assert shown and FFFD not in shown.rstrip(FFFD)
 
         wait.until(lambda d: d.execute_script(TREE_LABELS))  # the default view: the best round
         time.sleep(1)  # plotly's relayout to the column's width
@@ -226,6 +229,8 @@ def test_multiline_emoji_prompt_downloads_history_and_readable_tree(served, tmp_
         assert report.skipped_lines == 0 and len(traces) == 1
         assert traces[0].header.prompt == MULTILINE  # the line break and both emoji intact
         assert "".join(s.new_text for s in traces[0].steps) == shown  # the page shows the trace's text
+        if shown.endswith(FFFD):
+            assert traces[0].steps[-1].finished == "max_new_tokens", traces[0].steps[-1]
         figure_button(drv, "SVG")
         svg = downloaded(downloads, "tree_round_*.svg").read_bytes()
         assert ET.fromstring(svg).tag.endswith("svg") and FFFD not in svg.decode("utf-8")
