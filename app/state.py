@@ -14,11 +14,10 @@ import streamlit as st
 
 from eagle.core.config import DecodeConfig, ModelLimits
 from eagle.models.head import AnyHead, head_dtype
-from eagle.models.headio import head_identity, resolve_head
-from eagle.tools.headprecision import set_head_dtype
+from eagle.models.headio import head_identity
+from eagle.tools.loading import ModelSpec, open_pair
 from eagle.tools.budget.choice import auto_config
 from eagle.tools.budget.report import AutoReport
-from eagle.models.loader import load_target
 from eagle.models.location import DEFAULT_MODEL, ModelLoadError
 from eagle.models.precision import DTYPE_CHOICES, dtype_name
 from eagle.models.target import Target
@@ -87,11 +86,9 @@ _LOAD_LOCK = threading.Lock()  # two sessions asking for a new pair at once load
 
 @st.cache_resource(show_spinner=False)
 def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
-    def load() -> Models:
-        target = load_target(model, dtype=dtype)
-        loaded, source = resolve_head(target, head)
-        why = set_head_dtype(target, loaded, "auto")  # the head drafts in its own fastest precision
-        return Models(target, loaded, source, head_identity(loaded), why)
+    def load() -> Models:  # the head drafts in its own fastest precision (--head-dtype auto)
+        pair = open_pair(ModelSpec(model, head, None, dtype, "auto"))
+        return Models(pair.target, pair.head, pair.head_source, head_identity(pair.head), pair.head_dtype_reason)
     with _LOAD_LOCK:
         return worker.call(load)  # on the app's torch thread, as all torch work (app.worker)
 

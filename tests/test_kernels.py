@@ -62,3 +62,44 @@ def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, t
     auto = loader.load_target(str(tiny_dir), dtype="auto")
     assert linear_kernel(auto) == "onednn" and "onednn kernel" in auto.kernel_report["reason"]
     assert linear_kernel(loader.load_target(str(tiny_dir), dtype="float32")) == "default"
+
+
+def test_a_wrapped_weight_and_a_cast_keep_the_linear():
+    """The draft head's scoring rows run packed as a bare weight; a packed Linear cast off fp32 runs as
+    torch's Linear (nothing stale), and cast back to fp32 packs again."""
+    weight = torch.randn(300, 48)
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(PackedLinear.wrapping(weight)(x), x @ weight.T, rtol=1e-5, atol=1e-5)
+    linear = torch.nn.Linear(48, 80)
+    packed = PackedLinear.of(linear).to(torch.bfloat16)
+    assert packed.packed is None and packed(x.bfloat16()).dtype == torch.bfloat16
+    assert packed.to(torch.float32).packed is not None
+    torch.testing.assert_close(packed(x), x @ packed.weight.T + packed.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_an_fp32_head_beside_a_packed_target_drafts_packed_and_exact(single_thread):
+    """set_head_dtype packs an fp32 head where the target is packed (not a bf16 one, not beside a default
+    target); its drafts score through oneDNN, the cost key says so, and greedy output stays vanilla's."""
+    from eagle.core.decode import new_drafter
+    from eagle.models.head import cast_head
+    from eagle.models.kernels import module_kernel
+    from eagle.tools.headprecision import set_head_dtype
+    target, head = tiny_pair(vocab=40, eos=None)
+    prompt, new = [4, 9, 2, 7, 7, 1], 24
+    vanilla = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=new)), prompt).tokens
+    set_head_dtype(target, head, "float32")
+    assert module_kernel(head) == "default"  # the target runs torch's kernel: so does the head
+    unpacked = new_drafter(target, head, 64)
+    root = unpacked.consume(torch.tensor([3, 5, 7]), torch.randn(3, target.config.hidden_size))
+    pack_linears(target.model)
+    set_head_dtype(target, head, "float32")
+    assert module_kernel(head) == "onednn" and head.embed_tokens is target.model.model.embed_tokens
+    assert cost_key(target, head).endswith("|onednn|head-onednn")
+    drafter = new_drafter(target, head, 64)
+    assert drafter._project is not None and drafter.weight is target.model.lm_head.weight
+    torch.testing.assert_close(drafter.log_probs(root), unpacked.log_probs(root), rtol=1e-4, atol=1e-4)
+    cfg = DecodeConfig(mode="dynamic", max_new_tokens=new, total_tokens=8, depth=3, top_k=3)
+    assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla
+    cast_head(head, torch.bfloat16, target.model.model.embed_tokens)
+    assert module_kernel(head) == "default" and new_drafter(target, head, 64)._project is None
+    assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla

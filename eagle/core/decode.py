@@ -284,7 +284,7 @@ def new_drafter(target: Target, head: DraftHead, max_len: int, draft_vocab: int 
     drafter = Drafter(head, target.model.lm_head.weight, max_len, draft_vocab)
     if stand_in and draft_vocab and drafter.vocab_ids is None and draft_vocab < drafter.vocab_size:
         drafter.vocab_ids = torch.arange(draft_vocab, device=target.device)
-        drafter.weight = drafter.scoring(target.model.lm_head.weight[:draft_vocab])
+        drafter.score_with(target.model.lm_head.weight[:draft_vocab])
     return drafter
 
 

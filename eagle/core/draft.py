@@ -9,6 +9,7 @@ import torch
 
 from ..models.head import DraftHead, head_dtype
 from ..models.head3 import Eagle3Head, top_token_ids
+from ..models.kernels import PackedLinear, module_kernel
 from ..models.kvcache import KVCache
 from .tree import ancestor_mask, select_frontier, topk_children
 from .verify import sample_children_without_replacement
@@ -50,12 +51,14 @@ class Drafter:
             rows = rows.to(self.weight.device)
             self.vocab_ids = rows if self.vocab_ids is None else self.vocab_ids[rows]
             self.weight = self.weight[rows]
-        self.weight = self.scoring(self.weight)
+        self.score_with(self.weight)
 
-    def scoring(self, weight: torch.Tensor) -> torch.Tensor:
-        """lm_head rows in the head's precision: the target's rows are a copy when the head drafts in a
-        precision of its own (cast_head), made once per generation."""
-        return weight.to(head_dtype(self.head))
+    def score_with(self, weight: torch.Tensor) -> None:
+        """Score against these lm_head rows (K, H), in the head's precision (the target's rows are a copy
+        when the head drafts in a precision of its own: cast_head) and on the head's kernel (a packed
+        fp32 head scores through oneDNN too: eagle.models.kernels); made once per generation."""
+        self.weight = weight.to(head_dtype(self.head))
+        self._project = PackedLinear.wrapping(self.weight) if module_kernel(self.head) == "onednn" else None
 
     @torch.inference_mode()
     def consume(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -80,7 +83,9 @@ class Drafter:
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(F, H) -> (F, K) draft log-probabilities over the draft vocabulary."""
-        return torch.log_softmax((self.head.logit_features(hidden) @ self.weight.T).float(), dim=-1)
+        features = self.head.logit_features(hidden)
+        logits = features @ self.weight.T if self._project is None else self._project(features)
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def full_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.vocab_ids is None else self.vocab_ids[ids]

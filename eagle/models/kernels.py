@@ -23,22 +23,44 @@ KERNELS = ("default", "onednn")
 
 class PackedLinear(nn.Linear):
     """An fp32 nn.Linear whose forward runs oneDNN on a prepacked copy of its weight; `weight` stays the
-    same Parameter (a tied embedding, the draft head's scoring rows and weight hashes read it)."""
+    same Parameter (a tied embedding, the draft head's scoring rows and weight hashes read it). For
+    inference: a weight changed in place is not seen, a cast (.to) packs again (or, off fp32 on the CPU,
+    runs as a plain nn.Linear)."""
+    rows_hint = 8  # the layout is chosen for this many rows; any row count runs on it
 
     @classmethod
-    def of(cls, linear: nn.Linear, rows_hint: int = 8) -> "PackedLinear":
+    def of(cls, linear: nn.Linear) -> "PackedLinear":
+        return cls.wrapping(linear.weight, linear.bias)
+
+    @classmethod
+    def wrapping(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedLinear":
+        """x -> x @ weight.T + bias on oneDNN, for a weight (out, in) that is no nn.Linear's (the draft
+        head's scoring rows)."""
         packed = cls.__new__(cls)
         nn.Module.__init__(packed)
-        packed.in_features, packed.out_features = linear.in_features, linear.out_features
-        packed.weight, packed.bias = linear.weight, linear.bias
-        # the layout is chosen for rows_hint rows; any row count runs on it
-        packed.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+        packed.out_features, packed.in_features = weight.shape
+        packed.weight, packed.bias = weight, bias  # Parameters stay registered; plain tensors stay attributes
+        packed.packed = _pack(weight)
         return packed
 
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.packed = _pack(self.weight)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return super().forward(x)
         flat = x.reshape(-1, x.shape[-1])  # (..., in) -> (rows, in)
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's layout of an fp32 CPU weight (None for any other: it runs as torch's Linear)."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PackedLinear.rows_hint)
 
 
 def onednn_available() -> bool:
@@ -57,9 +79,21 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
+def pack_beside(target: Target, module: nn.Module) -> int:
+    """`module`'s fp32 projections on the target's kernel: packed when the target's are (a draft head
+    drafting in fp32 beside it runs the same few-row shapes). Returns how many were packed."""
+    return pack_linears(module) if linear_kernel(target) == "onednn" else 0
+
+
 def linear_kernel(target: Target) -> str:
     """Which kernel the target's projections run on: "onednn" once packed, else "default"."""
-    return "onednn" if isinstance(target.model.lm_head, PackedLinear) else "default"
+    return module_kernel(target.model)
+
+
+def module_kernel(module: nn.Module) -> str:
+    """"onednn" when `module`'s projections run packed (PackedLinear), else "default"."""
+    return "onednn" if any(isinstance(m, PackedLinear) and m.packed is not None for m in module.modules()) \
+        else "default"
 
 
 def measure_kernels(target: Target, repeats: int = 15) -> dict[str, dict[str, float]]:

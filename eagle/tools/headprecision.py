@@ -5,10 +5,11 @@ stays the target's whatever the head's precision: the target verifies every toke
 
 "auto" on a CPU times a round's drafting in fp32 and bf16 once per machine (cached, as the target's
 --dtype auto is) and keeps the faster; on CUDA it is the target's precision. "target" follows the
-target; a dtype name is taken as given."""
+target; a dtype name is taken as given. An fp32 head follows the target's fp32 kernel (kernels.pack_beside)."""
 from __future__ import annotations
 
 from ..models.head import AnyHead, cast_head, head_dtype, head_shape
+from ..models.kernels import linear_kernel, pack_beside
 from ..models.precision import CPU_DTYPES, DTYPES, cached_choice, machine_key
 from ..models.target import Target
 from .budget.costs import time_head_dtypes
@@ -19,7 +20,8 @@ HEAD_DTYPE_CHOICES = ("auto", "target", *DTYPES)
 def choose_head_dtype(target: Target, head: AnyHead, refresh: bool = False) -> dict:
     """The faster of fp32 and bf16 for this head's drafting on this CPU, cached per target, head shape
     and machine: {"chosen", "ms": {dtype: {"draft": ms}}, "reason", "file"}."""
-    key = f"head|{target.name}|{head_shape(head)}|{machine_key(target.device)}"
+    kernel = "" if linear_kernel(target) == "default" else f"|{linear_kernel(target)}"
+    key = f"head|{target.name}|{head_shape(head)}{kernel}|{machine_key(target.device)}"
     return cached_choice(key, lambda: time_head_dtypes(target, head, CPU_DTYPES), _reason, refresh)
 
 
@@ -41,5 +43,5 @@ def set_head_dtype(target: Target, head: AnyHead, choice: str = "auto") -> str |
         dtype = DTYPES[choice] if choice in DTYPES else target.dtype
     if dtype != head_dtype(head):
         cast_head(head, dtype, target.model.model.embed_tokens)
+    pack_beside(target, head)  # an fp32 head runs the target's fp32 kernel
     return None if report is None else report["reason"]
-

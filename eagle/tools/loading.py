@@ -241,18 +241,35 @@ def check_local_paths(settings: DecodeSettings, need_head: bool) -> None:
         locate_model(settings.model)
 
 
-def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
-    """The target at spec.dtype and the head, if one is named, at spec.head_dtype (saying on stderr how
-    auto chose each: without a head, for plain decoding)."""
+@dataclass(frozen=True)
+class LoadedPair:
+    """A loaded target and head (None: plain decoding), with how auto chose the head's precision."""
+    target: Target
+    head: AnyHead | None
+    head_source: str | None
+    head_dtype_reason: str | None = None
+
+    def reasons(self) -> list[str]:
+        """How auto chose the target's precision, its kernel and the head's precision, one line each."""
+        lines = [f"dtype auto: {report['reason']}"
+                 for report in (self.target.dtype_report, self.target.kernel_report) if report]
+        return lines + ([f"head dtype auto: {self.head_dtype_reason}"] if self.head_dtype_reason else [])
+
+
+def open_pair(spec: ModelSpec) -> LoadedPair:
+    """The target at spec.dtype and the head, if one is named, at spec.head_dtype: the one way every
+    front end (CLI, notebook, dashboard, bench) loads a pair."""
     target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None)
-    if target.dtype_report:
-        print(f"dtype auto: {target.dtype_report['reason']}", file=sys.stderr)
-    if target.kernel_report:
-        print(f"dtype auto: {target.kernel_report['reason']}", file=sys.stderr)
     if spec.head is None:
-        return target, None, None
+        return LoadedPair(target, None, None)
     head, source = resolve_head(target, spec.head)
-    why = set_head_dtype(target, head, spec.head_dtype)
-    if why:
-        print(f"head dtype auto: {why}", file=sys.stderr)
-    return target, head, source
+    return LoadedPair(target, head, source, set_head_dtype(target, head, spec.head_dtype))
+
+
+def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
+    """open_pair for a command: says on stderr how auto chose each precision (without a head, for
+    plain decoding)."""
+    pair = open_pair(spec)
+    for line in pair.reasons():
+        print(line, file=sys.stderr)
+    return pair.target, pair.head, pair.head_source

@@ -20,7 +20,7 @@ from ...core.decode import Decoder, Drafter, draft_round, generate, greedy_accep
 from ...core.tree import build_tree
 from ...core.nodes import TokenTexts
 from ...models.head import AnyHead, cast_head, head_dtype, head_shape
-from ...models.kernels import linear_kernel
+from ...models.kernels import linear_kernel, module_kernel, pack_beside
 from ...models.location import cache_dir
 from ...models.precision import DTYPES, device_name, dtype_name
 from ...models.target import Target
@@ -121,6 +121,7 @@ def cost_key(target: Target, head: AnyHead) -> str:
     own = head_dtype(head)
     drafts = "" if own == target.dtype else f"|head={dtype_name(own)}"
     kernel = "" if linear_kernel(target) == "default" else f"|{linear_kernel(target)}"
+    kernel += "" if module_kernel(head) == "default" else f"|head-{module_kernel(head)}"
     return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|" \
            f"{head_shape(head)}{drafts}{kernel}"
 
@@ -296,6 +297,7 @@ def time_head_dtypes(target: Target, head: AnyHead, dtypes: tuple[str, ...], rep
     jobs = {}
     for d in dtypes:
         twin = cast_head(copy.deepcopy(head, {id(shared): shared}), DTYPES[d], shared)
+        pack_beside(target, twin)  # on the kernel set_head_dtype will run it on
         jobs[d] = _Probe(target, twin, PREFIX_LEN, 1).draft(8, 0, DEPTH_PROBE)
     with torch.inference_mode():
         t = time_interleaved(jobs, repeats, f"timing the head in {' vs '.join(dtypes)} once for --head-dtype auto")
