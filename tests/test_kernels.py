@@ -103,3 +103,25 @@ def test_an_fp32_head_beside_a_packed_target_drafts_packed_and_exact(single_thre
     cast_head(head, torch.bfloat16, target.model.model.embed_tokens)
     assert module_kernel(head) == "default" and new_drafter(target, head, 64)._project is None
     assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla
+
+
+def test_auto_weighs_bf16_against_fp32_at_its_faster_kernel(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
+    """The AVX2 EPYC's timings: on torch's default kernel bf16 wins for trees (t(1) + t(8) 216 against
+    fp32's 237 ms), but fp32 on oneDNN verifies 8 tokens in 78/112 of the time: trees take fp32 packed,
+    plain decoding still takes bf16 (its one-token step is faster)."""
+    from eagle.models import loader, precision
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    monkeypatch.setattr(precision, "measure_dtypes", lambda t: {"float32": {1: 0.076, 8: 0.161},
+                                                                "bfloat16": {1: 0.043, 8: 0.173}})
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 62.0, "8": 112.0},
+                                                               "onednn": {"1": 62.0, "8": 78.0}})
+    trees = loader.load_target(str(tiny_dir), dtype="auto")
+    assert trees.dtype == torch.float32 and linear_kernel(trees) == "onednn"
+    assert trees.dtype_report["ms"]["float32"]["8"] == pytest.approx(161 * 78 / 112, abs=0.01)
+    assert "at the onednn kernel's speed" in trees.dtype_report["reason"]
+    plain = loader.load_target(str(tiny_dir), dtype="auto", plain=True)
+    assert plain.dtype == torch.bfloat16 and plain.kernel_report is None
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 62.0, "8": 112.0},
+                                                               "onednn": {"1": 70.0, "8": 120.0}})
+    kernels.choose_linear_kernel(trees, refresh=True)  # the default kernel is faster: bf16 stays chosen
+    assert loader.load_target(str(tiny_dir), dtype="auto").dtype == torch.bfloat16

@@ -7,7 +7,7 @@ import torch
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
 from .precision import DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
-from .kernels import choose_linear_kernel, onednn_available, pack_linears
+from .kernels import choose_linear_kernel, fp32_at_its_kernel, onednn_available, pack_linears
 from .target import Target
 
 
@@ -38,14 +38,24 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     model.to(dev).eval().requires_grad_(False)
     target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
     if chosen is None:  # "auto" on a CPU: time both, keep the faster
-        target.dtype_report = choose_cpu_dtype(target, plain=plain)
-        if target.dtype_report["chosen"] != "float32":
-            model.to(DTYPES[target.dtype_report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
-        elif onednn_available():  # fp32: the faster of torch's default kernel and oneDNN's, timed once
-            target.kernel_report = choose_linear_kernel(target)
-            if target.kernel_report["chosen"] == "onednn":
-                pack_linears(model)
+        _choose_precision(target, plain)
     return target
+
+
+def _choose_precision(target: Target, plain: bool) -> None:
+    """fp32 or bf16, whichever is faster here, fp32 at the faster of torch's default kernel and oneDNN's
+    (each timed once per machine, cached); the fp32 model is cast or packed to match."""
+    report = choose_cpu_dtype(target, plain=plain)
+    kernels = choose_linear_kernel(target) if onednn_available() else None
+    if kernels is not None:
+        report = fp32_at_its_kernel(report, kernels, plain)
+    target.dtype_report = report
+    if report["chosen"] != "float32":
+        target.model.to(DTYPES[report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
+    elif kernels is not None:
+        target.kernel_report = kernels
+        if kernels["chosen"] == "onednn":
+            pack_linears(target.model)
 
 
 def check_architecture(config, name: str) -> None:

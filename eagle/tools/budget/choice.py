@@ -183,7 +183,8 @@ def fastest_vanilla(target: Target, t1: float) -> dict:
     one-token forward (a precision the probe does not run, fp16 on a CPU, is compared by the probe's
     absolute times); on CUDA the target's dtype (bf16/fp16) is taken as the fastest."""
     own = dtype_name(target.dtype)
-    ms = choose_cpu_dtype(target)["ms"] if target.device.type == "cpu" else {}
+    # the load's own report where auto chose (its fp32 times are at the kernel the target runs on)
+    ms = (target.dtype_report or choose_cpu_dtype(target))["ms"] if target.device.type == "cpu" else {}
     if ms and own not in ms:  # e.g. fp16 on a CPU: no ratio to it, so the probe's own times compete
         best = min(ms, key=lambda d: ms[d]["1"])
         if ms[best]["1"] / 1000 < t1:
