@@ -272,9 +272,14 @@ def test_fastest_vanilla_names_the_precision_that_is_fastest_here(monkeypatch):
     ms = {"float32": {"1": 55.0, "8": 75.0}, "bfloat16": {"1": 37.0, "8": 41.0}}
     monkeypatch.setattr(budget_choice, "choose_cpu_dtype", lambda target: {"ms": ms})
     cpu = torch.device("cpu")
-    fp32 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float32, device=cpu), 0.060)
+    target = lambda dtype, report=None: SimpleNamespace(dtype=dtype, device=cpu, dtype_report=report)  # noqa: E731
+    fp32 = budget_choice.fastest_vanilla(target(torch.float32), 0.060)
     assert fp32["dtype"] == "bfloat16" and fp32["tokens_per_s"] == pytest.approx(1 / (0.060 * 37 / 55))
-    slow_fp16 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.300)
+    # a load under --dtype auto brings its own report: fp32's times at the kernel it runs (here oneDNN's)
+    packed = {"ms": {**ms, "float32": {"1": 36.0, "8": 50.0}}}
+    assert budget_choice.fastest_vanilla(target(torch.float32, packed), 0.060) == \
+        {"dtype": "float32", "tokens_per_s": pytest.approx(1 / 0.060)}
+    slow_fp16 = budget_choice.fastest_vanilla(target(torch.float16), 0.300)
     assert slow_fp16 == {"dtype": "bfloat16", "tokens_per_s": pytest.approx(1 / 0.037)}
-    fast_fp16 = budget_choice.fastest_vanilla(SimpleNamespace(dtype=torch.float16, device=cpu), 0.020)
+    fast_fp16 = budget_choice.fastest_vanilla(target(torch.float16), 0.020)
     assert fast_fp16 == {"dtype": "float16", "tokens_per_s": pytest.approx(50.0)}
