@@ -51,14 +51,19 @@ def test_the_kernel_choice_is_measured_once_and_cached(tmp_path, monkeypatch, si
     assert kernels.choose_linear_kernel(target)["chosen"] == report["chosen"]
 
 
+def _timings(monkeypatch, cache, dtypes: dict, kernel_ms: dict) -> None:
+    """A fresh cache and the dtype and kernel probes answering with these timings (s and ms)."""
+    from eagle.models import precision
+    monkeypatch.setenv("EAGLE_CACHE", str(cache))
+    monkeypatch.setattr(precision, "measure_dtypes", lambda t: dtypes)
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t: kernel_ms)
+
+
 def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
     """--dtype auto on a CPU: fp32 chosen and oneDNN timed faster -> packed; an explicit float32 never is."""
-    from eagle.models import loader, precision
-    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
-    monkeypatch.setattr(precision, "measure_dtypes", lambda t: {"float32": {1: 1.0, 8: 1.0},
-                                                                "bfloat16": {1: 2.0, 8: 2.0}})
-    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 2.0, "8": 4.0},
-                                                               "onednn": {"1": 2.0, "8": 2.0}})
+    from eagle.models import loader
+    _timings(monkeypatch, tmp_path, {"float32": {1: 1.0, 8: 1.0}, "bfloat16": {1: 2.0, 8: 2.0}},
+             {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
     auto = loader.load_target(str(tiny_dir), dtype="auto")
     assert linear_kernel(auto) == "onednn" and "onednn kernel" in auto.kernel_report["reason"]
     assert linear_kernel(loader.load_target(str(tiny_dir), dtype="float32")) == "default"
@@ -109,12 +114,9 @@ def test_auto_weighs_bf16_against_fp32_at_its_faster_kernel(tmp_path, monkeypatc
     """The AVX2 EPYC's timings: on torch's default kernel bf16 wins for trees (t(1) + t(8) 216 against
     fp32's 237 ms), but fp32 on oneDNN verifies 8 tokens in 78/112 of the time: trees take fp32 packed,
     plain decoding still takes bf16 (its one-token step is faster)."""
-    from eagle.models import loader, precision
-    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
-    monkeypatch.setattr(precision, "measure_dtypes", lambda t: {"float32": {1: 0.076, 8: 0.161},
-                                                                "bfloat16": {1: 0.043, 8: 0.173}})
-    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 62.0, "8": 112.0},
-                                                               "onednn": {"1": 62.0, "8": 78.0}})
+    from eagle.models import loader
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.076, 8: 0.161}, "bfloat16": {1: 0.043, 8: 0.173}},
+             {"default": {"1": 62.0, "8": 112.0}, "onednn": {"1": 62.0, "8": 78.0}})
     trees = loader.load_target(str(tiny_dir), dtype="auto")
     assert trees.dtype == torch.float32 and linear_kernel(trees) == "onednn"
     assert trees.dtype_report["ms"]["float32"]["8"] == pytest.approx(161 * 78 / 112, abs=0.01)

@@ -58,9 +58,13 @@ class PackedLinear(nn.Linear):
 
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's layout of an fp32 CPU weight (None for any other: it runs as torch's Linear)."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+    if not _packable(weight):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PackedLinear.rows_hint)
+
+
+def _packable(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
 def onednn_available() -> bool:
@@ -71,7 +75,7 @@ def pack_linears(model: nn.Module) -> int:
     """Every fp32 CPU nn.Linear under `model` as a PackedLinear, in place; returns how many."""
     count = 0
     for name, child in model.named_children():
-        if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+        if type(child) is nn.Linear and _packable(child.weight):
             setattr(model, name, PackedLinear.of(child))
             count += 1
         else:
