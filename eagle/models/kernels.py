@@ -94,6 +94,12 @@ def linear_kernel(target: Target) -> str:
     return module_kernel(target.model)
 
 
+def kernel_tag(target: Target) -> str:
+    """What a cache key adds for the target's kernel: nothing on torch's default, "|onednn" once packed."""
+    kernel = linear_kernel(target)
+    return "" if kernel == "default" else f"|{kernel}"
+
+
 def module_kernel(module: nn.Module) -> str:
     """"onednn" when `module`'s projections run packed (PackedLinear), else "default"."""
     return "onednn" if any(isinstance(m, PackedLinear) and m.packed is not None for m in module.modules()) \

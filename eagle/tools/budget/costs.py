@@ -20,7 +20,7 @@ from ...core.decode import Decoder, Drafter, draft_round, generate, greedy_accep
 from ...core.tree import build_tree
 from ...core.nodes import TokenTexts
 from ...models.head import AnyHead, cast_head, head_dtype, head_shape
-from ...models.kernels import linear_kernel, module_kernel, pack_beside
+from ...models.kernels import kernel_tag, module_kernel, pack_beside
 from ...models.location import cache_dir
 from ...models.precision import DTYPES, device_name, dtype_name
 from ...models.target import Target
@@ -120,7 +120,7 @@ def cost_key(target: Target, head: AnyHead) -> str:
     precision (the head may draft in one of its own)."""
     own = head_dtype(head)
     drafts = "" if own == target.dtype else f"|head={dtype_name(own)}"
-    kernel = "" if linear_kernel(target) == "default" else f"|{linear_kernel(target)}"
+    kernel = kernel_tag(target)
     kernel += "" if module_kernel(head) == "default" else f"|head-{module_kernel(head)}"
     return f"{target.name}|threads={torch.get_num_threads()}|{device_name(target.device)}|{target.dtype}|" \
            f"{head_shape(head)}{drafts}{kernel}"
