@@ -47,16 +47,20 @@ def test_the_kernel_choice_is_measured_once_and_cached(tmp_path, monkeypatch, si
     ms = report["ms"]
     assert set(ms) == {"default", "onednn"} and report["chosen"] == min(ms, key=lambda k: sum(ms[k].values()))
     assert linear_kernel(target) == "default"  # measured on a copy
-    monkeypatch.setattr(kernels, "measure_kernels", lambda t: pytest.fail("measured again"))
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t, dtype: pytest.fail("measured again"))
     assert kernels.choose_linear_kernel(target)["chosen"] == report["chosen"]
 
 
-def _timings(monkeypatch, cache, dtypes: dict, kernel_ms: dict) -> None:
-    """A fresh cache and the dtype and kernel probes answering with these timings (s and ms)."""
+BF16_DEFAULT_FASTER = {"default": {"1": 1.0, "8": 1.0}, "avx2": {"1": 2.0, "8": 2.0}}
+
+
+def _timings(monkeypatch, cache, dtypes: dict, kernel_ms: dict, bf16_ms: dict = BF16_DEFAULT_FASTER) -> None:
+    """A fresh cache and the dtype and kernel probes answering with these timings (s and ms): `kernel_ms`
+    fp32's, `bf16_ms` bf16's (timed only where the AVX2 bf16 kernel is offered: cpukernel)."""
     from eagle.models import precision
     monkeypatch.setenv("EAGLE_CACHE", str(cache))
     monkeypatch.setattr(precision, "measure_dtypes", lambda t: dtypes)
-    monkeypatch.setattr(kernels, "measure_kernels", lambda t: kernel_ms)
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t, dtype: kernel_ms if dtype == "float32" else bf16_ms)
 
 
 def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
@@ -122,8 +126,8 @@ def test_auto_weighs_bf16_against_fp32_at_its_faster_kernel(tmp_path, monkeypatc
     assert trees.dtype_report["ms"]["float32"]["8"] == pytest.approx(161 * 78 / 112, abs=0.01)
     assert "at the onednn kernel's speed" in trees.dtype_report["reason"]
     plain = loader.load_target(str(tiny_dir), dtype="auto", plain=True)
-    assert plain.dtype == torch.bfloat16 and plain.kernel_report is None
-    monkeypatch.setattr(kernels, "measure_kernels", lambda t: {"default": {"1": 62.0, "8": 112.0},
-                                                               "onednn": {"1": 70.0, "8": 120.0}})
+    assert plain.dtype == torch.bfloat16 and linear_kernel(plain) == "default"
+    monkeypatch.setattr(kernels, "measure_kernels", lambda t, dtype: {"default": {"1": 62.0, "8": 112.0},
+                                                                      "onednn": {"1": 70.0, "8": 120.0}})
     kernels.choose_linear_kernel(trees, refresh=True)  # the default kernel is faster: bf16 stays chosen
     assert loader.load_target(str(tiny_dir), dtype="auto").dtype == torch.bfloat16

@@ -9,7 +9,7 @@ import torch
 
 from ..models.head import DraftHead, head_dtype
 from ..models.head3 import Eagle3Head, top_token_ids
-from ..models.kernels import PackedLinear, module_kernel
+from ..models.kernels import module_kernel, wrap_weight
 from ..models.kvcache import KVCache
 from .tree import ancestor_mask, select_frontier, topk_children
 from .verify import sample_children_without_replacement
@@ -56,9 +56,10 @@ class Drafter:
     def score_with(self, weight: torch.Tensor) -> None:
         """Score against these lm_head rows (K, H), in the head's precision (the target's rows are a copy
         when the head drafts in a precision of its own: cast_head) and on the head's kernel (a packed
-        fp32 head scores through oneDNN too: eagle.models.kernels); made once per generation."""
+        fp32 head scores through oneDNN too, a bf16 one on the AVX2 kernel: eagle.models.kernels); made once
+        per generation."""
         self.weight = weight.to(head_dtype(self.head))
-        self._project = PackedLinear.wrapping(self.weight) if module_kernel(self.head) == "onednn" else None
+        self._project = wrap_weight(self.weight, module_kernel(self.head))
 
     @torch.inference_mode()
     def consume(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

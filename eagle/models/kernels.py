@@ -1,4 +1,6 @@
-"""fp32 projections through oneDNN with prepacked weights, where this CPU runs them faster.
+"""The projections' kernel per precision, where this CPU runs a faster one than torch's default: fp32
+through oneDNN with prepacked weights, bf16 through the AVX2 kernel of eagle.models.cpukernel on CPUs
+without bf16 instructions.
 
 torch's default fp32 Linear on x86 builds is MKL's sgemm. On an AVX2 AMD EPYC (Zen 3, 2026-12-06) a projection
 of 2-16 rows took twice to three times what oneDNN's kernel on a prepacked weight takes (the lm_head at 8
@@ -6,7 +8,8 @@ rows: 21.9 against 6.5 ms; `scripts/linear_kernels.py`), so every verify of a tr
 one-token step (t(2) 88 ms, t(1) 54) and no tree could pay. `--dtype auto` times both kernels once per
 machine when it runs fp32 and keeps the faster (cached like the dtype choice); an explicit `--dtype float32`
 stays torch's default path, the reference the token-for-token tests run in. The same op serves
-torch.compile's CPU backend (`torch.ops.mkldnn._linear_pointwise`)."""
+torch.compile's CPU backend (`torch.ops.mkldnn._linear_pointwise`). bf16 likewise: auto times torch's
+bf16 Linear against the AVX2 kernel (only where oneDNN has no native bf16) and keeps the faster."""
 from __future__ import annotations
 
 import copy
@@ -15,10 +18,12 @@ import torch
 from torch import nn
 
 from ..records.timing import time_interleaved
-from .precision import DTYPE_PROBE_NS, cached_choice, decide_dtype, forward_job, machine_key
+from . import cpukernel
+from .cpukernel import Bf16Linear
+from .precision import DTYPE_PROBE_NS, DTYPES, cached_choice, decide_dtype, dtype_name, forward_job, machine_key
 from .target import Target
 
-KERNELS = ("default", "onednn")
+KERNELS: dict[str, tuple[str, ...]] = {"float32": ("default", "onednn"), "bfloat16": ("default", "avx2")}
 
 
 class PackedLinear(nn.Linear):
@@ -71,22 +76,50 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Every fp32 CPU nn.Linear under `model` as a PackedLinear, in place; returns how many."""
+def fast_kernel(dtype: str) -> str | None:
+    """The kernel worth timing against torch's default for this precision here, or None: oneDNN for
+    fp32; for bf16 the AVX2 kernel where oneDNN has no native bf16 (and the kernel compiles)."""
+    if dtype == "float32":
+        return "onednn" if onednn_available() else None
+    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported() and cpukernel.available():
+        return "avx2"
+    return None
+
+
+def use_kernel(model: nn.Module, kernel: str) -> int:
+    """Every nn.Linear under `model` that `kernel` can run ("onednn": fp32, "avx2": bf16) wrapped to
+    run on it, in place; returns how many."""
+    kind, fits = {"onednn": (PackedLinear, _packable), "avx2": (Bf16Linear, cpukernel.runs_on_kernel)}[kernel]
     count = 0
-    for name, child in model.named_children():
-        if type(child) is nn.Linear and _packable(child.weight):
-            setattr(model, name, PackedLinear.of(child))
+    for name, child in model.named_children():  # a projection on the other kernel (a cast head) moves over
+        if type(child) in (nn.Linear, PackedLinear, Bf16Linear) and type(child) is not kind and fits(child.weight):
+            setattr(model, name, kind.of(child))
             count += 1
         else:
-            count += pack_linears(child)
+            count += use_kernel(child, kernel)
     return count
 
 
+def pack_linears(model: nn.Module) -> int:
+    """Every fp32 CPU nn.Linear under `model` as a PackedLinear, in place; returns how many."""
+    return use_kernel(model, "onednn")
+
+
+def wrap_weight(weight: torch.Tensor, kernel: str) -> nn.Module | None:
+    """x -> x @ weight.T on `kernel` (the draft head's scoring rows), None on torch's default."""
+    return {"onednn": PackedLinear.wrapping, "avx2": Bf16Linear.wrapping}[kernel](weight) \
+        if kernel != "default" else None
+
+
 def pack_beside(target: Target, module: nn.Module) -> int:
-    """`module`'s fp32 projections on the target's kernel: packed when the target's are (a draft head
-    drafting in fp32 beside it runs the same few-row shapes). Returns how many were packed."""
-    return pack_linears(module) if linear_kernel(target) == "onednn" else 0
+    """`module`'s projections on the fast kernel of their own precision where the target runs on a
+    fast kernel (auto found one faster here): a draft head runs the same few-row shapes. Returns how
+    many were wrapped."""
+    if linear_kernel(target) == "default":
+        return 0
+    weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
+    kernel = fast_kernel(dtype_name(weights[0].dtype)) if weights else None
+    return use_kernel(module, kernel) if kernel else 0
 
 
 def linear_kernel(target: Target) -> str:
@@ -101,42 +134,68 @@ def kernel_tag(target: Target) -> str:
 
 
 def module_kernel(module: nn.Module) -> str:
-    """"onednn" when `module`'s projections run packed (PackedLinear), else "default"."""
-    return "onednn" if any(isinstance(m, PackedLinear) and m.packed is not None for m in module.modules()) \
-        else "default"
+    """"onednn" when `module`'s projections run packed (PackedLinear), "avx2" when they run the AVX2
+    bf16 kernel (Bf16Linear), else "default"."""
+    for m in module.modules():
+        if isinstance(m, PackedLinear) and m.packed is not None:
+            return "onednn"
+        if isinstance(m, Bf16Linear) and m.active:
+            return "avx2"
+    return "default"
 
 
-def measure_kernels(target: Target, repeats: int = 15) -> dict[str, dict[str, float]]:
-    """Median ms of a one-token and an 8-token forward with each kernel, interleaved, on a packed copy."""
-    packed = copy.deepcopy(target.model)
-    pack_linears(packed)
-    copies = {"default": target, "onednn": Target(packed, target.tokenizer, target.name)}
+def measure_kernels(target: Target, dtype: str = "float32", repeats: int = 15) -> dict[str, dict[str, float]]:
+    """Median ms of a one-token and an 8-token forward in `dtype` on torch's default kernel and on its
+    fast one, interleaved, on copies."""
+    copies = {}
+    for kernel in KERNELS[dtype]:
+        model = copy.deepcopy(target.model).to(DTYPES[dtype])
+        if kernel != "default":
+            use_kernel(model, kernel)
+        copies[kernel] = Target(model, target.tokenizer, target.name)
     jobs = {(k, n): forward_job(t, n) for k, t in copies.items() for n in DTYPE_PROBE_NS}
-    times = time_interleaved(jobs, repeats, desc="timing fp32 kernels once for --dtype auto")
+    times = time_interleaved(jobs, repeats, desc=f"timing {dtype} kernels once for --dtype auto")
     return {k: {str(n): round(1000 * times[(k, n)], 2) for n in DTYPE_PROBE_NS} for k in copies}
 
 
-def choose_linear_kernel(target: Target, refresh: bool = False) -> dict:
-    """The faster fp32 kernel for this model on this CPU (least t(1) + t(8)), cached per model and machine:
-    {"chosen", "ms": {kernel: {n: ms}}, "reason", "file"}."""
+def choose_linear_kernel(target: Target, dtype: str = "float32", refresh: bool = False, plain: bool = False) -> dict:
+    """The faster kernel for this model's projections in `dtype` on this CPU, cached per model and
+    machine: {"chosen", "ms": {kernel: {n: ms}}, "reason", "file"}; the least t(1) + t(8), or for plain
+    decoding (`plain`) the least t(1)."""
     key = f"kernels|{target.name}|{machine_key(target.device)}"
-    return cached_choice(key, lambda: measure_kernels(target), _reason, refresh, options=KERNELS)
+    key = key if dtype == "float32" else f"kernels|{dtype}|{key.removeprefix('kernels|')}"
+    report = cached_choice(key, lambda: measure_kernels(target, dtype), _reason(dtype), refresh,
+                           options=KERNELS[dtype])
+    if plain:
+        chosen = min(report["ms"], key=lambda k: report["ms"][k]["1"])
+        report = {**report, "chosen": chosen, "reason": _reason(dtype)(chosen, report["ms"])}
+    return report
 
 
-def fp32_at_its_kernel(dtype_report: dict, kernel_report: dict, plain: bool) -> dict:
-    """The precision choice made again with fp32 at its faster kernel's speed: the dtype probe timed fp32
-    on torch's default kernel, so its fp32 times are scaled by the kernel ratio that was measured side by
-    side (the two measurements were made apart: ratios carry over, absolute times need not). On an AVX2
-    EPYC this turns bf16 (t(1) 43, t(8) 173 ms against fp32's 76 / 161) into fp32 on oneDNN (t(8) ~112)."""
-    kernel, ms = kernel_report["chosen"], {d: dict(v) for d, v in dtype_report["ms"].items()}
-    if kernel == "default" or "float32" not in ms:
+def at_their_kernels(dtype_report: dict, kernel_reports: dict[str, dict], plain: bool) -> dict:
+    """The precision choice made again with each precision at its faster kernel's speed: the dtype probe
+    timed both on torch's default kernel, so their times are scaled by the kernel ratio that was measured
+    side by side (the measurements were made apart: ratios carry over, absolute times need not). On an
+    AVX2 EPYC this turns bf16 (t(1) 43, t(8) 173 ms against fp32's 76 / 161) into fp32 on oneDNN
+    (t(8) ~112), and with the AVX2 bf16 kernel into bf16 on it (t(8) ~65)."""
+    ms, sped = {d: dict(v) for d, v in dtype_report["ms"].items()}, []
+    for dtype, kernels in kernel_reports.items():
+        kernel = kernels["chosen"]
+        if kernel == "default" or dtype not in ms:
+            continue
+        default, fast = kernels["ms"]["default"], kernels["ms"][kernel]
+        ms[dtype] = {n: round(t * fast[n] / default[n], 2) for n, t in ms[dtype].items()}
+        sped.append(f"{dtype} at the {kernel} kernel's speed")
+    if not sped:
         return dtype_report
-    default, fast = kernel_report["ms"]["default"], kernel_report["ms"][kernel]
-    ms["float32"] = {n: round(t * fast[n] / default[n], 2) for n, t in ms["float32"].items()}
     report = decide_dtype(dtype_report, ms, plain)
-    return {**report, "reason": f"{report['reason']}; float32 at the {kernel} kernel's speed"}
+    return {**report, "reason": f"{report['reason']}; {', '.join(sped)}"}
 
 
-def _reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:
-    parts = ", ".join(f"{k}: t(1) {v['1']:.0f} ms, t(8) {v['8']:.0f} ms" for k, v in ms.items())
-    return f"fp32 projections on the {chosen} kernel, the faster here ({parts}; measured once, cached)"
+def _reason(dtype: str):
+    short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+
+    def reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:
+        parts = ", ".join(f"{k}: t(1) {v['1']:.0f} ms, t(8) {v['8']:.0f} ms" for k, v in ms.items())
+        return f"{short} projections on the {chosen} kernel, the faster here ({parts}; measured once, cached)"
+    return reason

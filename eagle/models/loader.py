@@ -6,8 +6,8 @@ import torch
 
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
-from .precision import DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
-from .kernels import choose_linear_kernel, fp32_at_its_kernel, onednn_available, pack_linears
+from .precision import CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
+from .kernels import at_their_kernels, choose_linear_kernel, fast_kernel, use_kernel
 from .target import Target
 
 
@@ -16,7 +16,7 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`,
     made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees; an
-    fp32 choice also picks the faster fp32 kernel (eagle.models.kernels; `target.kernel_report`)."""
+    choice also picks its precision's faster kernel (eagle.models.kernels; `target.kernel_report`)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
@@ -43,19 +43,20 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
 
 
 def _choose_precision(target: Target, plain: bool) -> None:
-    """fp32 or bf16, whichever is faster here, fp32 at the faster of torch's default kernel and oneDNN's
-    (each timed once per machine, cached); the fp32 model is cast or packed to match."""
+    """fp32 or bf16, whichever is faster here, each at the faster of torch's default kernel and its fast
+    one (oneDNN for fp32, the AVX2 kernel for bf16 without bf16 instructions; each timed once per
+    machine, cached); the fp32 model is cast and its projections wrapped to match."""
     report = choose_cpu_dtype(target, plain=plain)
-    kernels = choose_linear_kernel(target) if onednn_available() else None
-    if kernels is not None:
-        report = fp32_at_its_kernel(report, kernels, plain)
+    kernels = {d: choose_linear_kernel(target, d, plain=plain) for d in CPU_DTYPES if fast_kernel(d)}
+    report = at_their_kernels(report, kernels, plain)
     target.dtype_report = report
-    if report["chosen"] != "float32":
-        target.model.to(DTYPES[report["chosen"]])  # fp32 -> bf16 rounds as a bf16 load would
-    elif kernels is not None:
-        target.kernel_report = kernels
-        if kernels["chosen"] == "onednn":
-            pack_linears(target.model)
+    chosen = report["chosen"]
+    if chosen != "float32":
+        target.model.to(DTYPES[chosen])  # fp32 -> bf16 rounds as a bf16 load would
+    if chosen in kernels:
+        target.kernel_report = kernels[chosen]
+        if kernels[chosen]["chosen"] != "default":
+            use_kernel(target.model, kernels[chosen]["chosen"])
 
 
 def check_architecture(config, name: str) -> None:
