@@ -1,17 +1,20 @@
 """Where a CPU's time goes in the target's projections: one Linear of each SmolLM2-135M shape at 1-16 rows
 (a decoding step is 1 row, a verify tree n rows), through torch's default fp32 path (MKL sgemm on x86
-builds), bf16, and oneDNN with a prepacked weight (the kernel torch.compile's CPU backend uses).
+builds), bf16, oneDNN with a prepacked weight (the kernel torch.compile's CPU backend uses), and the AVX2
+bf16 kernel of eagle.models.cpukernel where it builds.
 
     .venv/bin/python scripts/linear_kernels.py --threads 2
 
-Prints the median ms per call of each; run it on an idle machine. A diagnosis tool: the decoder uses
-torch's default path."""
+Prints the median ms per call of each; run it on an idle machine. A diagnosis tool: the decoder's
+`--dtype auto` times the kernels on the whole model (eagle.models.kernels)."""
 from __future__ import annotations
 
 import argparse
 import time
 
 import torch
+
+from eagle.models import cpukernel
 
 SHAPES = ((576, 576), (576, 1536), (1536, 576), (576, 49152))  # q/o, gate/up, down, lm_head (in -> out)
 ROWS = (1, 2, 8, 16)
@@ -29,7 +32,7 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def kernels(x: torch.Tensor, w: torch.Tensor) -> dict:
-    """The three paths for one input (m, k) and weight (n, k)."""
+    """The paths for one input (m, k) and weight (n, k)."""
     wb, xb = w.bfloat16(), x.bfloat16()
     paths = {"fp32": lambda: torch.nn.functional.linear(x, w), "bf16": lambda: torch.nn.functional.linear(xb, wb)}
     try:
@@ -37,6 +40,8 @@ def kernels(x: torch.Tensor, w: torch.Tensor) -> dict:
         paths["onednn fp32"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):  # a build without oneDNN
         pass
+    if cpukernel.available():
+        paths["avx2 bf16"] = lambda: cpukernel.Bf16Linear.wrapping(wb)(xb)
     return paths
 
 

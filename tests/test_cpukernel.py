@@ -25,9 +25,14 @@ def kernel(tmp_path, monkeypatch):
         pytest.skip(str(err))
 
 
-@pytest.mark.parametrize("rows,inputs,outputs", [(1, 576, 33), (3, 13, 7), (8, 64, 1), (11, 40, 50), (17, 96, 9)])
+SHAPES = [(2, 576, 33), (2, 24, 6), (3, 13, 7), (4, 64, 10), (5, 40, 3), (6, 8, 5), (7, 19, 12), (8, 64, 1),
+          (9, 32, 11), (11, 40, 50), (17, 96, 9)]
+
+
+@pytest.mark.parametrize("rows,inputs,outputs", SHAPES)
 def test_the_kernel_computes_the_linear(kernel, rows, inputs, outputs):
-    """Any row count (blocks of 8 and every remainder), widths with and without a tail past 8, a bias."""
+    """Every row count from 2 (one row runs torch's Linear): blocks of 8 and every remainder, widths with and
+    without a tail past a multiple of 8, a bias."""
     linear = torch.nn.Linear(inputs, outputs).to(torch.bfloat16)
     wrapped = Bf16Linear.of(linear)
     x = torch.randn(2, rows, inputs).bfloat16()
@@ -38,12 +43,17 @@ def test_the_kernel_computes_the_linear(kernel, rows, inputs, outputs):
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kernel):
-    """A token's logits are the same bits whether it is verified alone or in a tree of 13."""
+    """A token's logits are the same bits whether it is verified in a tree of 14 or in smaller calls (every
+    blocking of the kernel; fp32 rows run the kernel even one at a time); a single bf16 row, a decoding
+    step, is torch's Linear exactly."""
     weight = torch.randn(300, 576).bfloat16()
-    x = torch.randn(13, 576)
-    together = Bf16Linear.wrapping(weight)(x)
-    alone = torch.cat([Bf16Linear.wrapping(weight)(x[i:i + 1]) for i in range(13)])
-    assert torch.equal(together, alone)
+    x = torch.randn(14, 576)
+    linear = Bf16Linear.wrapping(weight)
+    together = linear(x)
+    for size in (1, 2, 3, 4, 5, 7):
+        assert torch.equal(together, torch.cat([linear(x[i:i + size]) for i in range(0, 14, size)]))
+    step = x[:1].bfloat16()
+    assert torch.equal(linear(step), torch.nn.functional.linear(step, weight))
 
 
 def test_a_cast_runs_torchs_linear_and_a_model_keeps_its_tied_weights(kernel):

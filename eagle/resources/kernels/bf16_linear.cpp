@@ -6,7 +6,8 @@
 // once, as a one-token step does) and widened to fp32 in registers (bf16 -> fp32 is a 16-bit shift),
 // so the weights stay bf16 in memory. Accumulation is fp32, as in torch's bf16 Linear; every output
 // is one row's dot product in a fixed order, whatever N is (a token's logits do not depend on how many
-// tokens share its forward). Loaded through ctypes by eagle/models/cpukernel.py.
+// tokens share the call). Loaded through ctypes by eagle/models/cpukernel.py, which leaves one row to
+// torch (as fast there, without the call's overhead).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -61,8 +62,6 @@ static void column(const float* x, const uint16_t* w, float* y, int64_t N, int64
         case 1: dot_rows<1>(x, w_row, y, I, O, n, o); break;
     }
 }
-
-extern "C" int eagle_bf16_linear_version(void) { return 1; }
 
 extern "C" void eagle_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t N, int64_t I, int64_t O,
                                   int threads) {
