@@ -82,13 +82,21 @@ def test_bf16_on_the_kernel_decodes_as_bf16_on_torchs(kernel, single_thread):
     assert generate(Decoder(target, head, cfg), prompt).tokens == torchs
 
 
-def test_no_compiler_is_one_sentence_and_bf16_stays_on_torchs_kernel(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+def test_no_compiler_is_one_sentence_and_bf16_stays_on_torchs_kernel(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
+    """A failed build leaves nothing behind, auto stays on torch's bf16 kernel and its reason says why."""
+    from eagle.models import loader
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.074, 8: 0.123}, "bfloat16": {1: 0.037, 8: 0.145}},
+             {"default": {"1": 74.0, "8": 123.0}, "onednn": {"1": 52.0, "8": 76.0}})
     monkeypatch.setenv("CXX", "/bin/false")
     with pytest.raises(KernelUnavailable, match="^compiling the bf16 kernel with /bin/false failed"):
         cpukernel.library()
     assert not cpukernel.available() and kernels.fast_kernel("bfloat16") is None
     assert not list((tmp_path / "kernels").glob("*"))  # no half-built library left behind
+    target = loader.load_target(str(tiny_dir), dtype="auto")
+    assert linear_kernel(target) != "avx2"
+    if not kernels.native_bf16():
+        assert "; bf16 on torch's kernel: compiling the bf16 kernel with /bin/false failed" \
+            in target.dtype_report["reason"]
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(KernelUnavailable, match="needs a C\\+\\+ compiler"):
         cpukernel.library()

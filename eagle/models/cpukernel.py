@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..records.files import CommandError, atomic_write
 from .location import cache_dir
@@ -81,12 +82,19 @@ def _compile(cxx: str, out: Path) -> None:
         raise KernelUnavailable(f"compiling the bf16 kernel with {cxx} failed: {last}")
 
 
-def available() -> bool:
+def why_unavailable() -> str | None:
+    """None where the kernel builds and loads here, else the sentence saying why not."""
     try:
         library()
-    except (KernelUnavailable, OSError):
-        return False
-    return True
+    except KernelUnavailable as err:
+        return str(err)
+    except OSError as err:  # a library that does not load (a cache shared with another machine's build)
+        return f"the bf16 kernel could not be loaded: {err}"
+    return None
+
+
+def available() -> bool:
+    return why_unavailable() is None
 
 
 class Bf16Linear(nn.Linear):
@@ -110,20 +118,22 @@ class Bf16Linear(nn.Linear):
         wrapped.weight, wrapped.bias = weight, bias
         library()  # built (or refused) now, not in the first forward
         wrapped.library = str(library_path())  # resolved once: forward runs per projection, per token
+        wrapped.active = runs_on_kernel(weight)
         return wrapped
 
-    @property
-    def active(self) -> bool:
-        return runs_on_kernel(self.weight)
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.active = runs_on_kernel(self.weight)  # known once per cast, not looked up per call
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)  # (..., in) -> (rows, in)
-        if not self.active or (flat.shape[0] == 1 and x.dtype == self.weight.dtype):  # one row: torch's
-            return super().forward(x)
-        flat = flat.float().contiguous()
-        out = torch.empty(flat.shape[0], self.out_features)
-        _load(self.library).eagle_bf16_linear(flat.data_ptr(), self.weight.data_ptr(), out.data_ptr(), flat.shape[0],
-                                    self.in_features, self.out_features, torch.get_num_threads())
+        rows = x.numel() // self.in_features
+        if not self.active or (rows == 1 and x.dtype == torch.bfloat16):  # one row: torch's, as fast
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, self.in_features).float().contiguous()  # (..., in) -> (rows, in) fp32
+        out = torch.empty(rows, self.out_features)
+        _load(self.library).eagle_bf16_linear(flat.data_ptr(), self.weight.data_ptr(), out.data_ptr(), rows,
+                                              self.in_features, self.out_features, torch.get_num_threads())
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

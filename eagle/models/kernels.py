@@ -81,9 +81,23 @@ def fast_kernel(dtype: str) -> str | None:
     fp32; for bf16 the AVX2 kernel where oneDNN has no native bf16 (and the kernel compiles)."""
     if dtype == "float32":
         return "onednn" if onednn_available() else None
-    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported() and cpukernel.available():
+    if dtype == "bfloat16" and not native_bf16() and cpukernel.available():
         return "avx2"
     return None
+
+
+def native_bf16() -> bool:
+    """oneDNN runs bf16 products on this CPU's own instructions (AVX512_BF16, AMX, or AVX512 BW/VL/DQ)."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def missing_kernel_note() -> str | None:
+    """Where bf16 products are emulated and the AVX2 bf16 kernel could not be built: why (for the dtype
+    choice's reason, so a user without a compiler learns what bf16 runs on)."""
+    if native_bf16():
+        return None
+    why = cpukernel.why_unavailable()
+    return None if why is None else f"bf16 on torch's kernel: {why}"
 
 
 def use_kernel(model: nn.Module, kernel: str) -> int:

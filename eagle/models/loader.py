@@ -7,7 +7,7 @@ import torch
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
 from .precision import CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
-from .kernels import at_their_kernels, choose_linear_kernel, fast_kernel, use_kernel
+from .kernels import at_their_kernels, choose_linear_kernel, fast_kernel, missing_kernel_note, use_kernel
 from .target import Target
 
 
@@ -49,7 +49,8 @@ def _choose_precision(target: Target, plain: bool) -> None:
     report = choose_cpu_dtype(target, plain=plain)
     kernels = {d: choose_linear_kernel(target, d, plain=plain) for d in CPU_DTYPES if fast_kernel(d)}
     report = at_their_kernels(report, kernels, plain)
-    target.dtype_report = report
+    note = None if "bfloat16" in kernels else missing_kernel_note()
+    target.dtype_report = report if note is None else {**report, "reason": f"{report['reason']}; {note}"}
     chosen = report["chosen"]
     if chosen != "float32":
         target.model.to(DTYPES[chosen])  # fp32 -> bf16 rounds as a bf16 load would
