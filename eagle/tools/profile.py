@@ -17,6 +17,7 @@ from ..core.decode import Decoder, generate
 from ..core.adaptive import RoundCosts
 from ..models.head import AnyHead, new_head
 from ..records.stats import tau
+from ..models.kernels import linear_kernel, pack_beside, use_kernel
 from ..models.precision import dtype_name
 from ..models.target import Target
 from ..records.timing import STEP_PHASES, phase_seconds
@@ -105,7 +106,11 @@ def tiny_llama(like: Target, layers: int = 2, hidden: int = 64, seed: int = 0) -
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(like.device, like.dtype).eval().requires_grad_(False)
     tiny = Target(model=model, tokenizer=like.tokenizer, name=f"tiny-llama-{layers}x{hidden}")
-    return tiny, new_head(tiny, seed=seed + 1)
+    if linear_kernel(like) != "default":  # the same projection kernel as the target's, its head's beside it
+        use_kernel(tiny.model, linear_kernel(like))
+    head = new_head(tiny, seed=seed + 1)
+    pack_beside(tiny, head)
+    return tiny, head
 
 
 def model_label(target: Target) -> str:
