@@ -9,6 +9,7 @@ from eagle.models import kernels
 from eagle.models.kernels import PackedLinear, linear_kernel, onednn_available, pack_linears
 from eagle.tools.budget.costs import cost_key
 from eagle.tools.session import Session
+from tests.test_cpukernel import built, kernel  # noqa: F401 (fixtures)
 from tests.test_reliability import tiny_dir  # noqa: F401 (a fixture)
 from tests.tiny import tiny_pair
 
@@ -131,3 +132,39 @@ def test_auto_weighs_bf16_against_fp32_at_its_faster_kernel(tmp_path, monkeypatc
                                                                       "onednn": {"1": 70.0, "8": 120.0}})
     kernels.choose_linear_kernel(trees, refresh=True)  # the default kernel is faster: bf16 stays chosen
     assert loader.load_target(str(tiny_dir), dtype="auto").dtype == torch.bfloat16
+
+
+# ---- bf16 on the AVX2 kernel (eagle.models.cpukernel), as --dtype auto chooses it ----------------------
+def test_auto_says_why_bf16_stays_on_torchs_kernel_without_a_compiler(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
+    from eagle.models import loader
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.074, 8: 0.123}, "bfloat16": {1: 0.037, 8: 0.145}},
+             {"default": {"1": 74.0, "8": 123.0}, "onednn": {"1": 52.0, "8": 76.0}})
+    monkeypatch.setenv("CXX", "/bin/false")
+    target = loader.load_target(str(tiny_dir), dtype="auto")
+    assert linear_kernel(target) != "avx2"
+    if not kernels.native_bf16():
+        assert "; bf16 on torch's kernel: compiling the bf16 kernel with /bin/false failed" \
+            in target.dtype_report["reason"]
+
+
+def test_auto_runs_bf16_on_the_kernel_where_it_is_timed_faster(kernel, tmp_path, monkeypatch, tiny_dir):  # noqa: F811
+    """The AVX2 EPYC's timings (2026-12-07): bf16 on torch's kernel t(8) 145 ms, on the AVX2 kernel 55,
+    fp32 on oneDNN 76: trees take bf16 on the kernel, and a head beside it drafts on its own precision's."""
+    from eagle.models import loader
+    from eagle.models.head import new_head
+    from eagle.models.kernels import module_kernel
+    from eagle.tools.headprecision import set_head_dtype
+    if kernels.fast_kernel("bfloat16") is None:
+        pytest.skip("oneDNN runs bf16 natively here: the kernel is not offered")
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.074, 8: 0.123}, "bfloat16": {1: 0.037, 8: 0.145}},
+             {"default": {"1": 74.0, "8": 123.0}, "onednn": {"1": 52.0, "8": 76.0}},
+             {"default": {"1": 37.3, "8": 145.2}, "avx2": {"1": 37.0, "8": 54.7}})
+    target = loader.load_target(str(tiny_dir), dtype="auto")
+    assert target.dtype == torch.bfloat16 and linear_kernel(target) == "avx2"
+    assert "bfloat16 at the avx2 kernel's speed" in target.dtype_report["reason"]
+    assert target.dtype_report["ms"]["bfloat16"]["8"] == pytest.approx(145 * 54.7 / 145.2, abs=0.01)
+    head = new_head(target, seed=1)
+    set_head_dtype(target, head, "float32")
+    assert module_kernel(head) == "onednn"
+    set_head_dtype(target, head, "bfloat16")
+    assert module_kernel(head) == "avx2"
