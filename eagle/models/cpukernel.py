@@ -4,9 +4,10 @@ Without AVX512_BF16 or AMX, torch's bf16 Linear costs about N times its one-row 
 lm_head at 8 rows 29 ms against 4 ms for one, AVX2 EPYC, 2026-12-07), so a bf16 target verifies a tree
 at four times a decoding step and no tree pays. `resources/kernels/bf16_linear.cpp` reads each bf16
 weight row once for up to 8 rows and widens it to fp32 in registers (the whole model at 8 tokens 55 ms
-against 145, and against 76 for fp32 on oneDNN; at one token it equals torch's). It is compiled with the
-machine's C++ compiler into the cache on first use and loaded with ctypes; where there is no compiler,
-no AVX2 or the build fails, `library()` is None, says why, and bf16 runs on torch's kernel."""
+against 145, and against 76 for fp32 on oneDNN; a single row is left to torch's, as fast there). It is
+compiled with the machine's C++ compiler into the cache on first use and loaded with ctypes; where there
+is no compiler, no AVX2 or the build fails, `library()` raises KernelUnavailable, `why_unavailable()` says
+why, and bf16 runs on torch's kernel."""
 from __future__ import annotations
 
 import ctypes
@@ -75,6 +76,8 @@ def _compile(cxx: str, out: Path) -> None:
     src.write_bytes(source())
     try:
         done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:  # not runnable, or hung
+        raise KernelUnavailable(f"compiling the bf16 kernel with {cxx} failed: {err}") from None
     finally:
         src.unlink(missing_ok=True)
     if done.returncode != 0:
@@ -88,8 +91,8 @@ def why_unavailable() -> str | None:
         library()
     except KernelUnavailable as err:
         return str(err)
-    except OSError as err:  # a library that does not load (a cache shared with another machine's build)
-        return f"the bf16 kernel could not be loaded: {err}"
+    except OSError as err:  # an unwritable cache, or a library that does not load
+        return f"the bf16 kernel could not be built or loaded: {err}"
     return None
 
 
@@ -101,8 +104,8 @@ class Bf16Linear(nn.Linear):
     """A bf16 CPU nn.Linear whose forward runs the AVX2 kernel on its own weight (no copy: a tied
     embedding stays shared) for two rows or more. One row runs torch's bf16 Linear: there it reads the
     weights as fast (a vanilla decode of 96 tokens, 3 prompts twice: 17.8 tok/s on torch's against 16.9
-    on the kernel, whose per-call cost of a ctypes call and two casts is ~5 % of a step), so a decoding
-    step and vanilla are torch's bits and torch's speed. After a cast off bf16 it runs as a plain nn.Linear."""
+    on the kernel, likely the call's own overhead), so a decoding step and vanilla are torch's bits and
+    torch's speed. After a cast off bf16 it runs as a plain nn.Linear."""
 
     @classmethod
     def of(cls, linear: nn.Linear) -> "Bf16Linear":
