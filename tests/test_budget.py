@@ -175,6 +175,35 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
     assert budget_costs.load_costs(costs.key) is None
 
 
+def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch):
+    """What the model predicts is a tree round over a plain token, so the two calibration decodes share
+    the same seconds of a drifting machine: neither is ever more than a round ahead in tokens, and
+    every round of both is counted."""
+    monkeypatch.setattr(budget_costs, "cache_dir", lambda: tmp_path)
+    target, head = tiny_pair(vocab=12, eos=None)
+    costs = budget_costs.measure_costs(target, head, ns=(1, 2, 4), top_ks=(2,), vocabs=(0,), repeats=1,
+                                       contexts=())
+    seen = []
+    real_add = budget_costs._DecodeTerms.add
+
+    def add(self, step, prompt_tokens):
+        seen.append((self.cfg.mode, step.step, len(step.new_tokens)))
+        real_add(self, step, prompt_tokens)
+    monkeypatch.setattr(budget_costs._DecodeTerms, "add", add)
+    chosen = {"total_tokens": 4, "depth": 1, "top_k": 2, "draft_vocab": 0}
+    hosted = budget_costs.host_terms(target, head, costs, chosen, [[1, 2, 3], [4, 5]], max_new_tokens=12)
+    assert hosted.verify_scale_tree > 0 and hosted.verify_scale_plain > 0
+    for start in [i for i, (_, step, _) in enumerate(seen) if step == 0 and seen[i][0] == "dynamic"]:
+        made = {"dynamic": 0, "vanilla": 0}
+        for mode, step, n in seen[start:]:
+            if step == 0 and made[mode]:  # the next prompt
+                break
+            assert made[mode] == min(made.values())  # whichever is behind goes next
+            made[mode] += n
+        assert made == {"dynamic": 12, "vanilla": 12}
+    assert sum(1 for mode, _, _ in seen if mode == "vanilla") == 2 * 12  # every plain token: prefill + 11 rounds
+
+
 def test_a_cache_timed_under_load_is_stale():
     assert budget_costs.measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
     assert not budget_costs.measured_under_load(0.045, 0.042) and not budget_costs.measured_under_load(0.042, 0.30)

@@ -65,13 +65,17 @@ def _timings(monkeypatch, cache, dtypes: dict, kernel_ms: dict, bf16_ms: dict = 
 
 
 def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
-    """--dtype auto on a CPU: fp32 chosen and oneDNN timed faster -> packed; an explicit float32 never is."""
+    """--dtype auto on a CPU: fp32 chosen and oneDNN timed faster -> packed; an explicit float32 is not,
+    unless asked for its faster kernel (bench's baseline in another precision)."""
     from eagle.models import loader
     _timings(monkeypatch, tmp_path, {"float32": {1: 1.0, 8: 1.0}, "bfloat16": {1: 2.0, 8: 2.0}},
              {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
     auto = loader.load_target(str(tiny_dir), dtype="auto")
     assert linear_kernel(auto) == "onednn" and "onednn kernel" in auto.kernel_report["reason"]
     assert linear_kernel(loader.load_target(str(tiny_dir), dtype="float32")) == "default"
+    baseline = loader.load_target(str(tiny_dir), dtype="float32", fastest_kernel=True)
+    assert linear_kernel(baseline) == "onednn" and baseline.dtype_report is None
+    assert "onednn kernel" in baseline.kernel_report["reason"]
 
 
 def test_a_wrapped_weight_and_a_cast_keep_the_linear():

@@ -6,17 +6,19 @@ import torch
 
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
-from .precision import CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, parse_device, parse_dtype
+from .precision import CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, dtype_name, parse_device, parse_dtype
 from .kernels import at_their_kernels, choose_linear_kernel, fast_kernel, missing_kernel_note, use_kernel
 from .target import Target
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
-                dtype: DtypeSpec = None, plain: bool = False) -> Target:
+                dtype: DtypeSpec = None, plain: bool = False, fastest_kernel: bool = False) -> Target:
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`,
-    made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees; an
-    choice also picks its precision's faster kernel (eagle.models.kernels; `target.kernel_report`)."""
+    made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees; the
+    choice also picks its precision's faster kernel (eagle.models.kernels; `target.kernel_report`). An
+    explicit dtype runs torch's default kernel (the exact reference), or with `fastest_kernel` on a CPU
+    its faster one as auto would (bench's baselines in another precision: the fastest vanilla)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
@@ -39,6 +41,8 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
     if chosen is None:  # "auto" on a CPU: time both, keep the faster
         _choose_precision(target, plain)
+    elif fastest_kernel and dev.type == "cpu" and fast_kernel(dtype_name(chosen)):
+        _choose_kernel(target, choose_linear_kernel(target, dtype_name(chosen), plain=plain))
     return target
 
 
@@ -55,9 +59,14 @@ def _choose_precision(target: Target, plain: bool) -> None:
     if chosen != "float32":
         target.model.to(DTYPES[chosen])  # fp32 -> bf16 rounds as a bf16 load would
     if chosen in kernels:
-        target.kernel_report = kernels[chosen]
-        if kernels[chosen]["chosen"] != "default":
-            use_kernel(target.model, kernels[chosen]["chosen"])
+        _choose_kernel(target, kernels[chosen])
+
+
+def _choose_kernel(target: Target, report: dict) -> None:
+    """Run the target's projections on the kernel a choose_linear_kernel report chose."""
+    target.kernel_report = report
+    if report["chosen"] != "default":
+        use_kernel(target.model, report["chosen"])
 
 
 def check_architecture(config, name: str) -> None:

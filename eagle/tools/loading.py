@@ -217,12 +217,14 @@ def budget_mode(args: DecodeSettings, mode: str, device_type: str) -> str:
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model pair to load, as typed settings: the target, the head (None: no head), device and
-    the precisions of each (eagle.tools.headprecision)."""
+    the precisions of each (eagle.tools.headprecision); `fastest_kernel`: an explicit dtype at its
+    faster kernel, as auto runs it (load_target)."""
     model: str = DEFAULT_MODEL
     head: str | None = "auto"
     device: str | None = None
     dtype: str = "auto"
     head_dtype: str = "auto"
+    fastest_kernel: bool = False
 
 
 def model_spec(args: DecodeSettings, need_head: bool) -> ModelSpec:
@@ -251,15 +253,16 @@ class LoadedPair:
 
     def reasons(self) -> list[str]:
         """How auto chose the target's precision, its kernel and the head's precision, one line each."""
-        lines = [f"dtype auto: {report['reason']}"
-                 for report in (self.target.dtype_report, self.target.kernel_report) if report]
+        reports = {"dtype auto": self.target.dtype_report, "kernel": self.target.kernel_report}
+        lines = [f"{what}: {report['reason']}" for what, report in reports.items() if report]
         return lines + ([f"head dtype auto: {self.head_dtype_reason}"] if self.head_dtype_reason else [])
 
 
 def open_pair(spec: ModelSpec) -> LoadedPair:
     """The target at spec.dtype and the head, if one is named, at spec.head_dtype: the one way every
     front end (CLI, notebook, dashboard, bench) loads a pair."""
-    target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None)
+    target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None,
+                         fastest_kernel=spec.fastest_kernel)
     if spec.head is None:
         return LoadedPair(target, None, None)
     head, source = resolve_head(target, spec.head)

@@ -120,7 +120,8 @@ def _tuned(args: argparse.Namespace, spec: ModeSpec, device_type: str) -> bool:
 
 def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
                loaded: dict[str, Pair] | None = None) -> tuple[dict[str, Pair], str]:
-    """The run's pair at --dtype, plus one per other dtype a mode asks for (same model and head);
+    """The run's pair at --dtype, plus one per other dtype a mode asks for (same model and head, at that
+    dtype's faster kernel as auto would run it: a baseline in another precision is its fastest);
     pairs already `loaded` are kept (the first of them is the run's)."""
     need_head = any(s.kind in ("static", "dynamic") for s in specs)
     if loaded:  # the other dtypes load the head the first pair found (no second hub lookup)
@@ -133,7 +134,7 @@ def load_pairs(args: argparse.Namespace, specs: list[ModeSpec],
         default = dtype_name(target.dtype)
         pairs = {default: Pair(target, head, source, head_sha256(head) if head is not None else None)}
     for dtype in sorted({s.dtype for s in specs if s.dtype and s.dtype not in pairs}):
-        other, other_head, other_source = load_pair(replace(spec, dtype=dtype))
+        other, other_head, other_source = load_pair(replace(spec, dtype=dtype, fastest_kernel=True))
         pairs[dtype] = Pair(other, other_head, other_source,
                             head_sha256(other_head) if other_head is not None else None)
     return pairs, default

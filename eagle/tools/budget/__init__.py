@@ -11,8 +11,9 @@ and cached per model, torch thread count and device under $EAGLE_CACHE (default
 round interleaves them with the target's forward, which evicts the draft head's weights, and adds the
 acceptance and record keeping; and a real verify, between draft forwards, averages more than the
 probe's median. Both are measured once per report by decoding a few calibration prompts with the chosen
-tree and with plain decoding (see host_terms): the verify scale (real verify + acceptance over the
-probe's) and `host` (what the rounds spend beyond the modelled draft and overhead). A generation's time
+tree and with plain decoding side by side, token for token, so a drifting machine moves both alike (see
+host_terms): the verify scale (real verify + acceptance over the probe's) and `host` (what the rounds
+spend beyond the modelled draft and overhead). A generation's time
 adds the prefill of its prompt (measured at two lengths, linear between): expected_seconds.
 
 E[accept length] comes from a *replay*: a calibration run drafts a large tree (depth CAL_DEPTH,

@@ -31,7 +31,7 @@ from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, TOP_KS, VOCABS, Cost
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 
-AUTO_REPORT_VERSION = 6  # bump when the report or the searched grid changes: cached reports are then recomputed
+AUTO_REPORT_VERSION = 7  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,

@@ -25,6 +25,7 @@ from ...models.location import cache_dir
 from ...models.precision import DTYPES, device_name, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json, read_json_or_none
+from ...records.trace import StepRecord
 from ...records.schema import FileFormatError, check_object, check_value, fail, is_kind
 from ...records.timing import time_interleaved
 
@@ -42,7 +43,9 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 # dearer than MT-bench's ~200, and a budget tuned at 192 alone ran at 0.82x vanilla there.
 CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
-HOST_TOKENS = 32  # tokens decoded per prompt (after a short warm-up) to measure the host terms
+# tokens decoded per prompt (after a short warm-up) to measure the host terms: at 32, three calibrations
+# in a row put a round at 1.24-1.34x a plain token; at 64 at 1.30-1.32x (2026-12-07, AMD EPYC, bf16)
+HOST_TOKENS = 64
 HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
 # below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
 COSTS_VERSION = 6
@@ -343,35 +346,60 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
     """costs with what real decoding of the prompts (token ids) shows beyond the probes: the verify
     scale (a real round's verify + acceptance over the probe's) and the host term (the mean seconds per
     round spent beyond the modelled draft and overhead: acceptance's bookkeeping, the lookup branch's
-    matching, records), each for the chosen tree (with its prompt-lookup branch) and for plain decoding."""
+    matching, records), each for the chosen tree (with its prompt-lookup branch) and for plain decoding.
+    The two decode each prompt side by side, as many tokens in one as in the other: what the model
+    predicts is their ratio, and a shared VM's speed drifts by 10-20 % within seconds (2026-12-07, AMD
+    EPYC: decoded one after the other, the plain scale came out 1.21 and the tree's 1.07, where a bench
+    then measured 0.93 and 0.98; prompt by prompt, their ratio still moved 1.14-1.29 between three
+    calibrations)."""
     base = replace(costs, host_tree=0.0, host_plain=0.0, verify_scale_tree=1.0, verify_scale_plain=1.0)
     tree = DecodeConfig(mode="dynamic", max_new_tokens=max_new_tokens,
                         lookup_tokens=lookup_tokens).with_shape(TreeShape.of(chosen))
-    plain = tree.with_(mode="vanilla", lookup_tokens=0)
-    scale_tree, host_tree = _decode_terms(target, head, base, tree, prompts)
-    scale_plain, host_plain = _decode_terms(target, head, base, plain, prompts)
+    configs = {"tree": tree, "plain": tree.with_(mode="vanilla", lookup_tokens=0)}
+    terms = {name: _DecodeTerms(base, cfg) for name, cfg in configs.items()}
+    for cfg in configs.values():  # warm-up: the first decode of a config pays one-off allocations
+        generate(Decoder(target, head, cfg.with_(max_new_tokens=min(8, cfg.max_new_tokens))), prompts[0])
+    for ids in prompts:
+        runs = {name: Decoder(target, head, cfg).steps(ids) for name, cfg in configs.items()}
+        produced = dict.fromkeys(runs, 0)
+        while runs:  # side by side: a round of whichever is behind in tokens (its phases are timed inside it)
+            name = min(runs, key=produced.__getitem__)
+            step = next(runs[name], None)
+            if step is None:
+                del runs[name]
+                continue
+            terms[name].add(step, len(ids))
+            produced[name] += len(step.new_tokens)
+    (scale_tree, host_tree), (scale_plain, host_plain) = terms["tree"].result(), terms["plain"].result()
     return replace(base, host_tree=host_tree, host_plain=host_plain, verify_scale_tree=scale_tree,
                    verify_scale_plain=scale_plain)
 
 
-def _decode_terms(target: Target, head: AnyHead, costs: Costs, cfg: DecodeConfig,
-                  prompts: list[list[int]]) -> tuple[float, float]:
-    """(verify scale, host seconds per round) of decoding each prompt after a short warm-up, every round
-    modelled at its own tree size and context length. The scale is a ratio of sums over all rounds (a
-    mean, as throughput is), so one slow round moves it little; the host term is what the rounds spend
-    outside their verify and acceptance beyond the modelled draft and overhead."""
-    generate(Decoder(target, head, cfg.with_(max_new_tokens=min(8, cfg.max_new_tokens))), prompts[0])
-    real, modelled, extra = 0.0, 0.0, []
-    for ids in prompts:
-        context = len(ids)
-        for s in generate(Decoder(target, head, cfg), ids).steps:
-            if s.step > 0:
-                n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
-                verify = s.timings.get("verify", 0.0) + s.timings.get("accept", 0.0)
-                probe = costs.t_verify(n, context)
-                real, modelled = real + verify, modelled + probe
-                outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, context) - probe
-                extra.append(sum(s.timings.values()) - verify - outside)
-            context += len(s.new_tokens)
-    scale = real / modelled if real > 0 and modelled > 0 else 1.0
-    return scale, float(np.mean(extra)) if extra else 0.0
+class _DecodeTerms:
+    """(verify scale, host seconds per round) of real decodes with one config, every round modelled at
+    its own tree size and context length. The scale is a ratio of sums over all rounds (a mean, as
+    throughput is), so one slow round moves it little; the host term is what the rounds spend outside
+    their verify and acceptance beyond the modelled draft and overhead."""
+
+    def __init__(self, costs: Costs, cfg: DecodeConfig) -> None:
+        self.costs, self.cfg = costs, cfg
+        self.real, self.modelled, self.extra = 0.0, 0.0, []
+        self.context = 0
+
+    def add(self, s: StepRecord, prompt_tokens: int) -> None:
+        """A step of a generation from a prompt of `prompt_tokens` (step 0, its prefill, starts one)."""
+        cfg, costs = self.cfg, self.costs
+        if s.step == 0:
+            self.context = prompt_tokens
+        else:
+            n = max(1, sum(node.kept for node in s.nodes))  # the verified tree, root included
+            verify = s.timings.get("verify", 0.0) + s.timings.get("accept", 0.0)
+            probe = costs.t_verify(n, self.context)
+            self.real, self.modelled = self.real + verify, self.modelled + probe
+            outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, self.context) - probe
+            self.extra.append(sum(s.timings.values()) - verify - outside)
+        self.context += len(s.new_tokens)
+
+    def result(self) -> tuple[float, float]:
+        scale = self.real / self.modelled if self.real > 0 and self.modelled > 0 else 1.0
+        return scale, float(np.mean(self.extra)) if self.extra else 0.0
