@@ -89,15 +89,18 @@ def test_replay_walks_the_reply_with_the_lookup_branch():
     # loses to the head: accept 4; the reply ends at 10. A long copy is one round, not one per recorded round.
     assert walk(4, 2, 2) == pytest.approx((5 + 4 + 4) / 3)
     assert walk.lookup_nodes(4, 2, 2) == pytest.approx((5 + 0 + 5) / 3)
+    assert walk.lookup_share(4, 2, 2) == pytest.approx(2 / 3)  # the round at 5 verified no branch
     tie = model(_generation([0, 4, 8], {0: (3, 3), 4: (9, 9)}, 10))
     # a copy only as long as the head's path is not taken (acceptance keeps the head's): the branch shrinks to 1
     assert tie(4, 2, 2) == pytest.approx(4) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 1 + 0) / 3)
+    assert tie.lookup_share(4, 2, 2) == pytest.approx(2 / 3)
     restart = model(_generation([0], {0: (3, 3)}, 2), _generation([0], {0: (9, 9)}, 7))
     assert restart(4, 2, 2) == pytest.approx((4 + 7) / 2)  # a new generation starts its branch at 6 again
     plain = AcceptModel(_generation([0, 4, 7], {0: (5, 4)}, 10), {0: None}, ns=(4,), depths=(2,), top_ks=(2,))
     assert plain(4, 2, 2) == 4 and plain.lookup_nodes(4, 2, 2) == 0  # no branch: the copies are unused
     again = AcceptModel.from_json(json.loads(json.dumps(walk.to_json())))
     assert again(4, 2, 2) == walk(4, 2, 2) and again.lookup_nodes(4, 2, 2) == walk.lookup_nodes(4, 2, 2)
+    assert again.lookup_share(4, 2, 2) == walk.lookup_share(4, 2, 2)
     with pytest.raises(ValueError, match="needs what it would copy"):
         AcceptModel([_sample()], {0: None}, ns=(4,), depths=(2,), top_ks=(2,), lookup_tokens=6)
 
@@ -125,6 +128,8 @@ def test_verify_cost_interpolates():
     assert costs.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25)
     assert costs.round_cost(1, 2, 1) == pytest.approx(1.0)  # plain decoding: no draft, no draft overhead
     assert costs.round_cost(2, 2, 1, lookup_nodes=2.0) == costs.round_cost(4, 2, 1)  # the branch is verified too
+    # a branch of 4 in half the rounds: each kind of round at its own size (t(2) = 2, t(6) = 5), not t(4) for all
+    assert costs.round_cost(2, 2, 1, lookup_nodes=2.0, lookup_share=0.5) == pytest.approx(0.5 * 2.0 + 0.5 * 5.0 + 2.25)
     hosted = Costs("k", {1: 1.0, 4: 4.0}, {"1/0": (1.0, 0.5)}, 0.25, prefill={32: 0.5, 192: 2.1},
                    host_tree=0.125, host_plain=0.0625)
     assert hosted.round_cost(4, 2, 1) == pytest.approx(4.0 + 2.0 + 0.25 + 0.125)
@@ -265,7 +270,9 @@ def test_auto_config_on_the_real_model(target, random_head, tmp_path, monkeypatc
     assert copying.costs_file == report.costs_file and copying.expected_lookup_nodes > 0
     best = copying.top[0]
     assert best["round_s"] == pytest.approx(copying.costs.round_cost(
-        best["total_tokens"], best["depth"], best["top_k"], best["draft_vocab"], lookup_nodes=best["lookup_nodes"]))
+        best["total_tokens"], best["depth"], best["top_k"], best["draft_vocab"], lookup_nodes=best["lookup_nodes"],
+        lookup_share=best["lookup_share"]))
+    assert 0 < best["lookup_share"] <= 1 and budget_choice.expected_round_s(copying) == pytest.approx(best["round_s"])
 
     def fail(*args, **kwargs):
         raise AssertionError("searched again despite the cache")

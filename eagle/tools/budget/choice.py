@@ -31,7 +31,7 @@ from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, TOP_KS, VOCABS, Cost
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 
-AUTO_REPORT_VERSION = 7  # bump when the report or the searched grid changes: cached reports are then recomputed
+AUTO_REPORT_VERSION = 8  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,
@@ -47,6 +47,7 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
     top_ks = top_ks or getattr(model, "top_ks", TOP_KS)
     vanilla = tokens_per_second(1, costs.t_plain(context))  # plain decoding: a token per forward
     copies = getattr(model, "lookup_nodes", lambda *_: 0.0)  # a bare accept function has no lookup branch
+    shares = getattr(model, "lookup_share", lambda *_: 1.0)
     rows = []
     for n in (x for x in ns if x > 1):
         for depth in depths:
@@ -54,9 +55,11 @@ def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], dr
                 if n - 1 > k + depth * k * k:
                     continue
                 accept, lookup = model(n, depth, k, draft_vocab), copies(n, depth, k, draft_vocab)
-                cost = costs.round_cost(n, depth, k, draft_vocab, context, lookup)
+                share = shares(n, depth, k, draft_vocab)
+                cost = costs.round_cost(n, depth, k, draft_vocab, context, lookup, share)
                 rows.append({"total_tokens": n, "depth": depth, "top_k": k, "draft_vocab": draft_vocab,
-                             "accept_length": accept, "lookup_nodes": lookup, "round_s": cost,
+                             "accept_length": accept, "lookup_nodes": lookup, "lookup_share": share,
+                             "round_s": cost,
                              "tokens_per_s": tokens_per_second(accept, cost),
                              "speedup": speedup(tokens_per_second(accept, cost), vanilla)})
     if not rows:
@@ -91,8 +94,9 @@ def expected_lookup_nodes(report: AutoReport, shape: TreeShape | None = None) ->
 def expected_round_s(report: AutoReport, shape: TreeShape | None = None, context: int | None = None) -> float:
     """The modelled seconds of a round of that budget, its lookup branch included, at a context length."""
     s = shape or report.shape
-    return report.costs.round_cost(s.total_tokens, s.depth, s.top_k, s.draft_vocab, context,
-                                   expected_lookup_nodes(report, s))
+    lookup = expected_lookup_nodes(report, s)
+    share = report.accept_table.lookup_share(s.total_tokens, s.depth, s.top_k, s.draft_vocab) if lookup > 0 else 0.0
+    return report.costs.round_cost(s.total_tokens, s.depth, s.top_k, s.draft_vocab, context, lookup, share)
 
 
 def expected_seconds(report: AutoReport, prompt_tokens: int, new_tokens: int,

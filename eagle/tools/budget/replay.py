@@ -143,23 +143,25 @@ class AcceptModel:
         # value method: E = 1 + alpha * sum(kept values), alpha fitted on the recorded rounds
         self.alpha = measured / max(1e-9, float(np.mean([s.kept_value_sum for s in samples])))
         grids = {(k, v): self._grid(samples, k, m) for k in top_ks for v, m in vocab_masks.items()}
-        self.table = {key: accept for key, (accept, _) in grids.items()}
-        self.copy_table = {key: nodes for key, (_, nodes) in grids.items()}
+        self.table = {key: accept for key, (accept, _, _) in grids.items()}
+        self.copy_table = {key: nodes for key, (_, nodes, _) in grids.items()}
+        self.share_table = {key: share for key, (_, _, share) in grids.items()}
 
     def _grid(self, samples: list[StepSample], top_k: int,
-              allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(E[accept length], E[lookup-branch nodes per round]), each (len(depths), len(ns))."""
+              allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(E[accept length], E[lookup-branch nodes per round], the share of rounds with a branch), each
+        (len(depths), len(ns))."""
         ns, per_round = np.array(self.ns), []
         for s in samples:
             idx, rounds = _beam(s, _children(s), top_k, allowed, max(self.depths))
             per_round.append(self._value_estimate(s, idx, rounds, ns) if self.method == "value"
                              else _accepts(s, idx, rounds, self.depths, ns))
         if not self.lookup_tokens:  # a round's accept length does not depend on where the rounds start
-            return np.mean(per_round, axis=0), np.zeros_like(per_round[0])
+            return np.mean(per_round, axis=0), np.zeros_like(per_round[0]), np.zeros_like(per_round[0])
         # with copies it does: a long copy is one round of the decoder but many recorded rounds
         totals = sum(_walk(np.stack([per_round[i] for i in gen]), [samples[i] for i in gen], self.lookup_tokens)
                      for gen in _generations(samples))
-        return totals[0] / totals[1], totals[2] / totals[1]
+        return totals[0] / totals[1], totals[2] / totals[1], totals[3] / totals[1]
 
     def _value_estimate(self, s: StepSample, idx: np.ndarray, rounds: np.ndarray, ns: np.ndarray) -> np.ndarray:
         out = np.ones((len(self.depths), ns.size))
@@ -178,12 +180,18 @@ class AcceptModel:
         grid = self.copy_table[(top_k, draft_vocab)]
         return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
 
+    def lookup_share(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
+        """The share of this budget's rounds that verify a prompt-lookup branch at all: its nodes come in
+        a few rounds, and a verify's cost is not linear in its size (Costs.round_cost)."""
+        grid = self.share_table[(top_k, draft_vocab)]
+        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+
     def to_json(self) -> dict:
         """The replayed grids, so a cached report can choose again at another context length."""
         as_json = lambda table: {f"{k}/{v}": g.tolist() for (k, v), g in table.items()}  # noqa: E731
         return {"ns": list(self.ns), "depths": list(self.depths), "top_ks": list(self.top_ks),
                 "vocabs": list(self.vocabs), "grid": as_json(self.table), "lookup_tokens": self.lookup_tokens,
-                "lookup_grid": as_json(self.copy_table)}
+                "lookup_grid": as_json(self.copy_table), "lookup_share_grid": as_json(self.share_table)}
 
     @classmethod
     def from_json(cls, d: dict) -> "AcceptModel":
@@ -195,6 +203,9 @@ class AcceptModel:
         model.table = as_table(d["grid"])
         model.copy_table = as_table(d["lookup_grid"]) if "lookup_grid" in d else \
             {key: np.zeros_like(g) for key, g in model.table.items()}
+        # without the shares: every round verifies the mean branch (the older reports' model)
+        model.share_table = as_table(d["lookup_share_grid"]) if "lookup_share_grid" in d else \
+            {key: np.ones_like(g) for key, g in model.table.items()}
         return model
 
 
@@ -217,13 +228,14 @@ def _walk(head: np.ndarray, samples: list[StepSample], longest: int) -> np.ndarr
     the decoder would: from the first recorded round's position, a round accepts the longer of the
     head's path (the recorded round at or before the position stands in for the head there) and the
     copy offered at the position (known exactly), moves on by what it accepted and adapts the branch.
-    head: (S, D, N) the recorded rounds' accept lengths per budget. Returns (3, D, N): the accepted
-    tokens, the rounds and the lookup nodes verified, summed over the generation."""
+    head: (S, D, N) the recorded rounds' accept lengths per budget. Returns (4, D, N): the accepted
+    tokens, the rounds, the lookup nodes verified and the rounds that verified a branch, summed over
+    the generation."""
     copies, starts = samples[0].copies, np.array([s.position for s in samples])
     end, shape = copies.proposed.shape[0] - 1, head.shape[1:]  # the reply's length; (depths, ns)
     rows, cols = np.indices(shape)
     position, length = np.full(shape, starts[0]), np.full(shape, longest)
-    out = np.zeros((3, *shape))
+    out = np.zeros((4, *shape))
     while (active := position < end).any():
         at = np.minimum(position, end)
         drafted = head[np.searchsorted(starts, at, side="right") - 1, rows, cols] - 1
@@ -232,7 +244,7 @@ def _walk(head: np.ndarray, samples: list[StepSample], longest: int) -> np.ndarr
         taken = np.where(copied > drafted, copied, 0)  # on a tie acceptance keeps the first longest path: the head's
         accept = 1 + np.maximum(drafted, copied)
         length = np.where(offered > 0, next_length(proposed, taken, longest), length)  # no branch: it stays
-        out += active * np.stack([accept, np.ones(shape), proposed])
+        out += active * np.stack([accept, np.ones(shape), proposed, proposed > 0])
         position = position + np.where(active, accept, 0).astype(np.int64)
     return out
 

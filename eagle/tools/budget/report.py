@@ -136,12 +136,15 @@ def _check_choice(report: dict, path: Path, ns: tuple[int, ...], top_ks: tuple[i
 
 def _check_accept_table(table: dict, path: Path) -> None:
     """The replayed grids a cached report chooses again from: per "top_k/vocab", accept lengths (and
-    lookup-branch sizes) >= 0 for every depth (rows) and tree size (columns), the same shapes in both."""
-    check_object(table, path, "field 'accept_table'", ACCEPT_KINDS)
+    lookup-branch sizes, and the share of rounds with a branch) >= 0 for every depth (rows) and tree
+    size (columns), the same shapes in each."""
+    check_object(table, path, "field 'accept_table'", ACCEPT_KINDS, {"lookup_share_grid": "dict"})
     rows, cols = len(table["depths"]), len(table["ns"])
-    if set(table["lookup_grid"]) != set(table["grid"]):
-        fail(path, "field 'accept_table' lookup_grid", "does not cover the same top_k/vocab shapes as its grid")
-    for name in ("grid", "lookup_grid"):
+    grids = ("grid", "lookup_grid") + (("lookup_share_grid",) if "lookup_share_grid" in table else ())
+    for name in grids[1:]:
+        if set(table[name]) != set(table["grid"]):
+            fail(path, f"field 'accept_table' {name}", "does not cover the same top_k/vocab shapes as its grid")
+    for name in grids:
         for shape, grid in table[name].items():
             where = f"field 'accept_table' {name} {shape!r:.40}"
             if not re.fullmatch(r"[0-9]+/[0-9]+", shape):
