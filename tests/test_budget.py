@@ -121,6 +121,22 @@ def test_samples_know_what_a_copy_would_have_matched():
     assert samples_from_steps(steps)[0].copies is None  # without the prompt's ids no copy is known
 
 
+def test_measured_verify_costs_never_fall_with_more_tokens():
+    """A probe's dip below its smaller neighbour is noise (a verify of more tokens never costs less):
+    pooled with its neighbours, as the least-squares non-decreasing fit does; a rising series stays."""
+    probe = {1: 40.7, 2: 40.7, 3: 49.1, 4: 46.4, 5: 45.6, 6: 52.4, 8: 53.3}  # ms, 2026-12-07 (AMD EPYC, bf16)
+    fitted = budget_costs.monotone(probe)
+    assert fitted[3] == fitted[4] == fitted[5] == pytest.approx((49.1 + 46.4 + 45.6) / 3)
+    assert {n: fitted[n] for n in (1, 2, 6, 8)} == {n: probe[n] for n in (1, 2, 6, 8)}
+    assert sum(fitted.values()) == pytest.approx(sum(probe.values()))  # pooling keeps the mean
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        noisy = {n: float(v) for n, v in zip((1, 2, 4, 8, 16), rng.uniform(0, 1, 5))}
+        out = budget_costs.monotone(noisy)
+        assert list(out) == sorted(noisy) and all(a <= b + 1e-12 for a, b in zip(out.values(), list(out.values())[1:]))
+    assert budget_costs.monotone({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+
+
 def test_verify_cost_interpolates():
     costs = Costs("k", {1: 1.0, 4: 4.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, overhead=0.25)
     assert costs.t_verify(2) == pytest.approx(2.0) and costs.t_verify(6) == pytest.approx(5.0)

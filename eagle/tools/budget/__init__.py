@@ -22,7 +22,9 @@ accepted. For a smaller budget we rerun EAGLE-2's beam and rerank on the recorde
 accepted length is 1 + the accepted path nodes that survive. That is exact whenever the smaller tree's
 verified nodes are a subset of the recorded ones (greedy), and a lower bound otherwise. The EAGLE-2
 paper's shortcut, 1 + alpha * (sum of kept values) with alpha fitted on the same run, is the
-`method="value"` alternative.
+`method="value"` alternative. With a prompt-lookup branch the replay also counts the branch's nodes per
+round and the share of rounds that verify one, and a round's verify is priced per kind of round:
+(1 - share) * t_verify(n) + share * t_verify(n + nodes / share).
 
 costs (the measured cost model, its cache and the host terms) -> replay (calibration rounds replayed
 for every budget) -> report (AutoReport, the typed answer, and its cached file) -> choice (the best

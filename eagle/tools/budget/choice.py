@@ -26,8 +26,8 @@ from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
-from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, TOP_KS, VOCABS, Costs, cost_key, cost_path, host_terms, measure_costs, \
-    measured_under_load, probe_t1
+from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, REPEATS, TOP_KS, VOCABS, Costs, cost_key, cost_path, \
+    host_terms, measure_costs, measured_under_load, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 
@@ -158,7 +158,7 @@ def choice_at_context(report: AutoReport, context: int) -> dict:
 
 
 def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: list[str] | None = None,
-                vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, max_new_tokens: int = 64,
+                vocabs: tuple[int, ...] = VOCABS, repeats: int = REPEATS, max_new_tokens: int = 64,
                 ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
                 refresh: bool = False) -> tuple[DecodeConfig, AutoReport]:
     """The budget with the most expected tokens/s on this machine: (config, report). The first call

@@ -48,7 +48,11 @@ PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linea
 HOST_TOKENS = 64
 HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
 # below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
-COSTS_VERSION = 6
+# Probe passes: at 5, t(n) of the verify came out non-monotone by up to 2 ms between neighbouring sizes
+# (t(3) 49.1, t(4) 46.4, t(5) 45.6 ms, 2026-12-07, AMD EPYC, bf16), and auto then chose 5 nodes for a
+# verify that a bench measured 13 % dearer than 4; at 15 passes the same probe rose 3-6 ms a size.
+REPEATS = 11
+COSTS_VERSION = 7
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -294,11 +298,26 @@ def _measure(target: Target, head: AnyHead, ns: tuple[int, ...], top_ks: tuple[i
             t1, t4 = t[f"d{k}/{v}@1"], t[f"d{k}/{v}@{DEPTH_PROBE}"]
             step = max(0.0, (t4 - t1) / (DEPTH_PROBE - 1))  # noise can make it negative for tiny models
             draft[f"{k}/{v}"] = (max(0.0, t1 - step), step)
-    verify = {n: t[f"v{n}"] for n in ns}
-    by_context = {prefix_len: verify, **{c: {n: t[f"v{n}@{c}"] for n in ns} for c in longer}} if longer else {}
+    verify = monotone({n: t[f"v{n}"] for n in ns})
+    by_context = {c: monotone({n: t[f"v{n}@{c}"] for n in ns}) for c in longer}
+    by_context = {prefix_len: verify, **by_context} if longer else {}
     meta = {"prefix_len": prefix_len, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     return Costs(cost_key(target, head), verify, draft, t["overhead"], meta, by_context,
                  {p: t[f"p{p}"] for p in prefill_lens})
+
+
+def monotone(by_n: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of seconds by token count (pool adjacent violators): a verify
+    of more tokens never costs less, so a probe's dip below its smaller neighbour is noise, and left in it
+    would make the larger tree look free."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled neighbours, in order of n
+    for n in sorted(by_n):
+        blocks.append([by_n[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    fitted = [m for m, c in blocks for _ in range(int(c))]
+    return dict(zip(sorted(by_n), fitted))
 
 
 def time_head_dtypes(target: Target, head: AnyHead, dtypes: tuple[str, ...], repeats: int = 9) -> dict:
@@ -333,7 +352,7 @@ def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
 
 
 def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
-                  vocabs: tuple[int, ...] = VOCABS, repeats: int = 5, prefix_len: int = PREFIX_LEN,
+                  vocabs: tuple[int, ...] = VOCABS, repeats: int = REPEATS, prefix_len: int = PREFIX_LEN,
                   refresh: bool = False, contexts: tuple[int, ...] = CONTEXTS) -> Costs:
     """Verify cost t(n) and draft costs on this machine, from the cache when it covers the request.
     Keyed by model name, torch threads, device name, dtype and head shape (cost_key: every EAGLE-1/2
