@@ -48,9 +48,9 @@ PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linea
 HOST_TOKENS = 64
 HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
 # below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
-# Probe passes: at 5, t(n) of the verify came out non-monotone by up to 2 ms between neighbouring sizes
-# (t(3) 49.1, t(4) 46.4, t(5) 45.6 ms, 2026-12-07, AMD EPYC, bf16), and auto then chose 5 nodes for a
-# verify that a bench measured 13 % dearer than 4; at 15 passes the same probe rose 3-6 ms a size.
+# Probe passes: at 5, t(n) of the verify came out non-monotone by up to 3 ms between neighbouring sizes
+# (t(3) 49.1, t(4) 46.4, t(5) 45.6 ms, 2026-12-07, AMD EPYC, bf16), where real decodes side by side put
+# a 5-node verify 4-5 % above a 4-node one; at 15 passes the same probe rose 0.8-6 ms a size.
 REPEATS = 11
 COSTS_VERSION = 7
 
