@@ -43,8 +43,9 @@ DEPTH_PROBE = 4  # draft costs are measured at depth 1 and this depth, then take
 # dearer than MT-bench's ~200, and a budget tuned at 192 alone ran at 0.82x vanilla there.
 CONTEXTS = (PREFIX_LEN, 768, 2048)
 PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linear between and past)
-# tokens decoded per prompt (after a short warm-up) to measure the host terms: at 32, three calibrations
-# in a row put a round at 1.24-1.34x a plain token; at 64 at 1.30-1.32x (2026-12-07, AMD EPYC, bf16)
+# tokens decoded per prompt (after a short warm-up) to measure the host terms: at 32 (a round of each in
+# turn), three calibrations in a row put a round at 1.24-1.34x a plain token; at 64, token for token, at
+# 1.30-1.32x (2026-12-07, AMD EPYC, bf16)
 HOST_TOKENS = 64
 HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
 # below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
@@ -375,7 +376,7 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
     round spent beyond the modelled draft and overhead: acceptance's bookkeeping, the lookup branch's
     matching, records), each for the chosen tree (with its prompt-lookup branch) and for plain decoding.
     The two decode each prompt side by side, as many tokens in one as in the other: what the model
-    predicts is their ratio, and a shared VM's speed drifts by 10-20 % within seconds (2026-12-07, AMD
+    predicts is their ratio, and a shared VM's speed drifts by 10-20 % within minutes (2026-12-07, AMD
     EPYC: decoded one after the other, the plain scale came out 1.21 and the tree's 1.07, where a bench
     then measured 0.93 and 0.98; prompt by prompt, their ratio still moved 1.14-1.29 between three
     calibrations)."""
