@@ -171,20 +171,21 @@ class AcceptModel:
             out[i] += self.alpha * cum[np.minimum(ns - 1, vals.size)]
         return out
 
+    def _at(self, table: dict, total_tokens: int, depth: int, top_k: int, draft_vocab: int) -> float:
+        """One budget's entry of a replayed table (grids by top_k/vocab, rows depths, columns sizes)."""
+        return float(table[(top_k, draft_vocab)][self.depths.index(depth), self.ns.index(total_tokens)])
+
     def __call__(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
-        grid = self.table[(top_k, draft_vocab)]
-        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+        return self._at(self.table, total_tokens, depth, top_k, draft_vocab)
 
     def lookup_nodes(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
         """The mean number of prompt-lookup nodes a round of this budget verifies beside its tree."""
-        grid = self.copy_table[(top_k, draft_vocab)]
-        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+        return self._at(self.copy_table, total_tokens, depth, top_k, draft_vocab)
 
     def lookup_share(self, total_tokens: int, depth: int, top_k: int, draft_vocab: int = 0) -> float:
         """The share of this budget's rounds that verify a prompt-lookup branch at all: its nodes come in
         a few rounds, and a verify's cost is not linear in its size (Costs.round_cost)."""
-        grid = self.share_table[(top_k, draft_vocab)]
-        return float(grid[self.depths.index(depth), self.ns.index(total_tokens)])
+        return self._at(self.share_table, total_tokens, depth, top_k, draft_vocab)
 
     def to_json(self) -> dict:
         """The replayed grids, so a cached report can choose again at another context length."""
