@@ -17,7 +17,6 @@ from typing import Callable
 
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, Generation
-from eagle.tools.session import Session
 from eagle.records.trace import StepRecord, Trace
 
 from . import worker
@@ -27,11 +26,6 @@ WAIT_MESSAGE = ("Waiting for the model: another generation is running (another t
                 "previous one finishing its round)…")
 OnStep = Callable[[Trace], bool]  # called after every round; True stops the generation
 OnWait = Callable[[], None]  # called while another generation holds the lock (keeps the page live)
-
-
-def session(models: Models) -> Session:
-    """The loaded pair as the one session every front end decodes through (eagle.tools.session)."""
-    return Session(models.target, models.head, models.head_source, models.head_identity)
 
 
 def prepare(models: Models, prompt: str, cfg: DecodeConfig, budget: str = "fixed",
@@ -45,7 +39,7 @@ def prepare(models: Models, prompt: str, cfg: DecodeConfig, budget: str = "fixed
 
 def _prepare(models: Models, prompt: str, cfg: DecodeConfig, budget: str = "fixed") -> tuple[Decoder, list[int], Trace]:
     """auto and adaptive tune the tree for this prompt exactly as the CLI does (eagle.tools.session)."""
-    run = session(models).prepare(prompt, cfg, budget, seconds=0.0, finished=None)
+    run = models.session.prepare(prompt, cfg, budget, seconds=0.0, finished=None)
     return run.decoder, run.ids, Trace(run.header, [])
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from eagle.core.config import DecodeConfig, ModelLimits
+from eagle.core.config import ModelLimits
 from eagle.models.head import AnyHead, head_dtype
 from eagle.models.headio import head_identity
 from eagle.tools.loading import ModelSpec, open_pair
-from eagle.tools.budget.choice import auto_config
+from eagle.tools.session import Session
 from eagle.tools.budget.report import AutoReport
 from eagle.models.location import DEFAULT_MODEL, ModelLoadError
 from eagle.models.precision import DTYPE_CHOICES, dtype_name
@@ -55,6 +55,11 @@ class Models:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
+    def session(self) -> Session:
+        """The loaded pair as the one session every front end decodes through (eagle.tools.session)."""
+        return Session(self.target, self.head, self.head_source, self.head_identity)
+
+    @property
     def limits(self) -> ModelLimits:
         """What the settings' inputs are bounded by: the target's context and vocabulary."""
         return ModelLimits(self.target.max_context, int(self.target.config.vocab_size))
@@ -84,13 +89,16 @@ class Models:
 _LOAD_LOCK = threading.Lock()  # two sessions asking for a new pair at once load it once
 
 
+def open_models(model: str, head: str, dtype: str = "auto") -> Models:
+    """The pair as the dashboard serves it: the head drafts in its own fastest precision (--head-dtype auto)."""
+    pair = open_pair(ModelSpec(model, head, None, dtype, "auto"))
+    return Models(pair.target, pair.head, pair.head_source, head_identity(pair.head), pair.head_dtype_reason)
+
+
 @st.cache_resource(show_spinner=False)
 def _load_models(model: str, head: str, dtype: str = "auto") -> Models:
-    def load() -> Models:  # the head drafts in its own fastest precision (--head-dtype auto)
-        pair = open_pair(ModelSpec(model, head, None, dtype, "auto"))
-        return Models(pair.target, pair.head, pair.head_source, head_identity(pair.head), pair.head_dtype_reason)
     with _LOAD_LOCK:
-        return worker.call(load)  # on the app's torch thread, as all torch work (app.worker)
+        return worker.call(open_models, model, head, dtype)  # on the app's torch thread, as all torch work (app.worker)
 
 
 _READY: set[Spec] = set()  # pairs loaded in this process: skip the progress box for them
@@ -137,10 +145,11 @@ def get_models(dtype: str | None = None) -> Models:
 @st.cache_resource(show_spinner=False)
 def _auto_budget(spec: Spec, refresh_count: int, _models: Models) -> AutoReport:
     """The auto-budget report for the loaded pair (eagle.tools.budget caches it on disk per machine and
-    dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model."""
+    dtype, so this only measures on the first run ever). Holds the model lock: timings need an idle model.
+    The report of the settings a generation under the auto budget runs with (Session.auto_report), so the
+    budget the pages show is the one the decoder uses."""
     with _models.lock:
-        return worker.call(auto_config, _models.target, _models.head, DecodeConfig(),
-                           refresh=refresh_count > 0)[1]
+        return worker.call(_models.session.auto_report, refresh=refresh_count > 0)
 
 
 def auto_budget(models: Models, refresh: bool = False) -> AutoReport:
@@ -149,8 +158,8 @@ def auto_budget(models: Models, refresh: bool = False) -> AutoReport:
     if refresh:
         _BUDGET_REFRESHES[spec] = _BUDGET_REFRESHES.get(spec, 0) + 1
     with st.status("Choosing the tree budget for this machine…", expanded=False) as box:
-        st.write("The first time ever, this measures the verify and draft costs and calibrates on three "
-                 "prompts (about a minute); afterwards it is read from the cache.")
+        st.write("The first time ever, this measures the verify and draft costs and calibrates on 16 "
+                 "prompts (a few minutes on two cores); afterwards it is read from the cache.")
         report = _auto_budget(spec, _BUDGET_REFRESHES.get(spec, 0), models)
         box.update(label=f"Tree budget: {budget_label(report.chosen)}", state="complete")
     return report

@@ -27,7 +27,6 @@ from .models.head import head_dtype
 from .models.precision import device_name, dtype_name
 from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
-from .tools.budget.choice import auto_config
 from .tools.budget.report import AutoReport
 from .tools.headexport import export_head
 from .tools.session import Session
@@ -125,8 +124,8 @@ def _budget_line(budget: str, report: AutoReport) -> str:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     check_runtime_args(args)
-    target, head, _ = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
-    _, report = auto_config(target, head, DecodeConfig(), refresh=args.refresh)
+    target, head, source = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
+    report = Session(target, head, source).auto_report(refresh=args.refresh)
     if args.json:
         print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report,
                           "head_dtype": dtype_name(head_dtype(head))}))

@@ -16,7 +16,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 # Convert the embedded default model once (GGUF -> safetensors cache), so the first page load is fast.
 .venv/bin/python -c "from eagle.models.conversion import resolve_model_path; print('model cache:', resolve_model_path('smollm2-135m-instruct'))"
-# Choose the CPU tree budget once (about a minute; cached per machine), so the dashboard opens at once.
+# Choose the CPU tree budget once (a few minutes on two cores; cached per machine), so the dashboard opens at once.
 # (Its first line only; not through `| head`: budget exits 141 into a closed pipe, and pipefail is on.)
 if [ "${EAGLE_SKIP_BUDGET:-0}" != 1 ]; then
   budget_report=$(.venv/bin/python -m eagle budget)

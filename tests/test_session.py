@@ -6,12 +6,13 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from app import runner
+from app import runner, state
 from app.state import Models
 from eagle import cli
 from eagle.core.config import DecodeConfig
+from eagle.core.lookup import LOOKUP_TOKENS
 from eagle.core.decode import generate
-from eagle.models.headio import head_identity, resolve_head
+from eagle.models.headio import resolve_head
 from eagle.tools.loading import budget_mode
 from eagle.notebook import Explorer
 from eagle.models.loader import load_target
@@ -31,6 +32,11 @@ FLAGS = ["--head", "random", "--dtype", "float32", "--budget", "fixed", "--total
 SAME = ("model", "head", "prompt", "prompt_tokens", "head_type", "head_version", "head_layout")
 
 
+def app_models(model) -> Models:
+    """The pair as the dashboard loads it (app.state: the head in its own fastest precision, --head-dtype auto)."""
+    return state.open_models(str(model), "random", "float32")
+
+
 def _shared(header) -> dict:
     """What every front end's header must agree on (bench adds its question fields to meta)."""
     return {**{k: getattr(header, k) for k in SAME}, "dtype": header.meta["dtype"], "device": header.meta["device"]}
@@ -45,10 +51,7 @@ def test_four_front_ends_write_the_same_header_and_tokens(tiny_dir, tmp_path, si
 
     nb = Explorer().explore(PROMPT, model=model, head="random", dtype="float32", budget="fixed", **TREE)
 
-    target = load_target(model, dtype="float32")
-    head, source = resolve_head(target, "random")
-    decoder, ids, app_trace = runner._prepare(Models(target, head, source, head_identity(head)), PROMPT,
-                                              DecodeConfig(**TREE))
+    decoder, ids, app_trace = runner._prepare(app_models(model), PROMPT, DecodeConfig(**TREE))
     app_tokens = generate(decoder, ids).tokens
 
     dataset = tmp_path / "q.jsonl"
@@ -99,10 +102,7 @@ def test_auto_chooses_the_same_tree_per_prompt_in_every_front_end(tiny_dir, tmp_
     assert {k: config[k] for k in report.chosen} == {k: tree[k] for k in report.chosen} != report.chosen
 
     nb = Explorer().explore(PROMPT, model=model, head="random", dtype="float32", budget="auto", max_new_tokens=8)
-    target = load_target(model, dtype="float32")
-    head, source = resolve_head(target, "random")
-    _, _, app_trace = runner._prepare(Models(target, head, source, head_identity(head)), PROMPT,
-                                      DecodeConfig(max_new_tokens=8), "auto")
+    _, _, app_trace = runner._prepare(app_models(model), PROMPT, DecodeConfig(max_new_tokens=8), "auto")
     dataset = tmp_path / "q.jsonl"
     dataset.write_text(json.dumps({"question_id": 1, "category": "c", "turns": [PROMPT]}) + "\n")
     bench = ["--model", model, "--dataset", str(dataset), "--modes", "dynamic", "--baselines", "same", *flags,
@@ -130,6 +130,24 @@ def test_auto_chooses_the_same_tree_per_prompt_in_every_front_end(tiny_dir, tmp_
     monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg, replace(report, accept_table=small)))
     assert bench_command.main(bench) == 2  # refused: not mixed with the stored 8/2/2/0
     assert f"was made with depth={tree['depth']} (this run: 1)" in capsys.readouterr().err
+
+
+def test_budget_and_the_dashboard_show_the_report_auto_decodes_with(tiny_dir, monkeypatch, capsys):  # noqa: F811
+    """`budget` (which setup runs) and the dashboard read the auto report made for the settings a generation
+    under --budget auto runs with, its prompt-lookup branch on: the budget they show is the one that decodes,
+    and the first generation finds it cached instead of calibrating again."""
+    report, lookups = context_auto_report(), []
+
+    def auto_config(target, head, cfg, **kw):
+        lookups.append(budget_choice.report_lookup(cfg))
+        return cfg.with_(**report.chosen), report
+    monkeypatch.setattr(budget_choice, "auto_config", auto_config)
+    flags = ["--model", str(tiny_dir), "--head", "random", "--dtype", "float32", "--threads", "1"]
+    assert cli.main(["budget", *flags]) == 0
+    assert cli.main(["generate", "--prompt", PROMPT, "--budget", "auto", "--max-new-tokens", "4", *flags]) == 0
+    assert app_models(tiny_dir).session.auto_report() is report  # what the dashboard's pages show (app.state)
+    assert lookups == [LOOKUP_TOKENS] * 3 and LOOKUP_TOKENS > 0
+    assert "chosen: {'total_tokens': 2" in capsys.readouterr().out
 
 
 def test_budget_policy_is_checked_once_and_defaults_by_mode(tiny_dir):  # noqa: F811

@@ -45,7 +45,7 @@ def main() -> None:
     models = state.get_models(state.dtype_choice())
     state.show_head_badge(models)
     refresh = st.button("Measure this machine again", key="budget_refresh",
-                        help="Re-time the verify and draft passes and recalibrate (about a minute)")
+                        help="Re-time the verify and draft passes and recalibrate (a few minutes on two cores)")
     report = state.auto_budget(models, refresh=refresh)
     show_choice(report)
     fig = budget_figure(report.to_json())

@@ -18,6 +18,7 @@ from .loading import check_budget
 from ..models.precision import dtype_name
 from ..models.target import Target
 from ..records.trace import TraceHeader
+from .budget import choice as budget_choice
 from .budget.choice import tuned_config
 from .budget.report import AutoReport
 
@@ -71,6 +72,13 @@ class Session:
         if budget == "fixed":
             return cfg, None, None
         return tuned_config(self.target, self.head, cfg, budget, context=context, report=self.auto)
+
+    def auto_report(self, refresh: bool = False) -> AutoReport:
+        """The auto budget's report for the settings a generation under --budget auto runs with (the lookup
+        policy's branch included), so what `budget`, setup and the dashboard show is what then decodes,
+        and one calibration serves them all; `refresh` measures this machine again."""
+        base = self.lookup_policy(DecodeConfig(), "auto")
+        return budget_choice.auto_config(self.target, self.head, base, refresh=refresh)[1]
 
     @staticmethod
     def lookup_policy(cfg: DecodeConfig, budget: str) -> DecodeConfig:

@@ -166,7 +166,7 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
     per machine key + head weights + settings, so later calls (the app, every bench) are instant.
     base_cfg's prompt-lookup branch (greedy dynamic decoding only) is part of what each budget is
     replayed with, so a report is made for its length."""
-    lookup = max(0, base_cfg.lookup_tokens) if base_cfg.mode == "dynamic" and base_cfg.greedy else 0
+    lookup = report_lookup(base_cfg)
     # the cost model's version too: a report embeds its costs, so new costs must mean a new report
     settings = json.dumps([AUTO_REPORT_VERSION, COSTS_VERSION, prompts, vocabs, max_new_tokens, ns, top_ks, lookup])
     fingerprint = hashlib.sha1(f"{cost_key(target, head)}|{head_fingerprint(head)}|{settings}".encode()).hexdigest()[:16]
@@ -179,6 +179,12 @@ def auto_config(target: Target, head: AnyHead, base_cfg: DecodeConfig, prompts: 
         atomic_write_json(path, cached, indent=1)
     report = AutoReport.from_cached(cached, fastest_vanilla(target, cached["t_plain"]), path)
     return base_cfg.with_shape(report.shape), report
+
+
+def report_lookup(cfg: DecodeConfig) -> int:
+    """The prompt-lookup length an auto report for cfg is replayed with (and cached under): the branch
+    runs in greedy dynamic decoding only, and -1 (the budget policy decides) reaches here as off."""
+    return max(0, cfg.lookup_tokens) if cfg.mode == "dynamic" and cfg.greedy else 0
 
 
 def fastest_vanilla(target: Target, t1: float) -> dict:
