@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -124,7 +124,8 @@ def _budget_line(budget: str, report: AutoReport) -> str:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Choose (or show the cached choice of) the auto tree budget for this machine."""
     check_runtime_args(args)
-    target, head, source = load_pair(model_spec(DecodeSettings.from_args(args), need_head=True))
+    spec = replace(model_spec(DecodeSettings.from_args(args), need_head=True), remeasure=args.refresh)
+    target, head, source = load_pair(spec)
     report = Session(target, head, source).auto_report(refresh=args.refresh)
     if args.json:
         print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report,
@@ -206,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("budget", help="choose the tree budget for this machine (cached) and show why")
     add_model_args(b)
-    b.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
+    b.add_argument("--refresh", action="store_true", help="measure this machine again instead of reading the cache: "
+                   "the precisions, kernels and the tree budget")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
     f = sub.add_parser("profile", help="time each phase of a decoding round, on the model and a tiny random Llama",

@@ -172,3 +172,30 @@ def test_auto_runs_bf16_on_the_kernel_where_it_is_timed_faster(kernel, tmp_path,
     assert module_kernel(head) == "onednn"
     set_head_dtype(target, head, "bfloat16")
     assert module_kernel(head) == "avx2"
+
+
+def test_budget_refresh_times_the_precision_kernel_and_head_choices_again(tmp_path, monkeypatch, tiny_dir,  # noqa: F811
+                                                                          capsys):
+    """A precision choice cached while other work shared the cores (bf16 timed 7x slower than fp32 on a
+    CPU where it is the faster) stays wrong until measured again: `budget --refresh` re-times every
+    machine measurement behind the budget, not only the tree costs."""
+    from eagle import cli
+    from eagle.tools import headprecision
+    from eagle.tools.budget import choice as budget_choice
+    from tests.tiny import context_auto_report
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.25, 8: 2.9}, "bfloat16": {1: 1.9, 8: 2.3}},
+             {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
+    timed = []
+    monkeypatch.setattr(headprecision, "time_head_dtypes",
+                        lambda t, h, dtypes: timed.append("head") or {"float32": {"draft": 2.0}, "bfloat16": {"draft": 1.0}})
+    report = context_auto_report()
+    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg, report))
+    flags = ["budget", "--model", str(tiny_dir), "--head", "random", "--threads", "1"]
+    assert cli.main(flags) == 0
+    assert "dtype: float32" in capsys.readouterr().out and timed == ["head"]
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.040, 8: 0.060}, "bfloat16": {1: 0.020, 8: 0.025}},
+             {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
+    assert cli.main(flags) == 0  # read from the cache: the wrong choice stays
+    assert "dtype: float32" in capsys.readouterr().out and timed == ["head"]
+    assert cli.main([*flags, "--refresh"]) == 0
+    assert "dtype: bfloat16" in capsys.readouterr().out and timed == ["head", "head"]

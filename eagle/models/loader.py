@@ -12,13 +12,15 @@ from .target import Target
 
 
 def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | None = None,
-                dtype: DtypeSpec = None, plain: bool = False, fastest_kernel: bool = False) -> Target:
+                dtype: DtypeSpec = None, plain: bool = False, fastest_kernel: bool = False,
+                remeasure: bool = False) -> Target:
     """Load the embedded default (`smollm2-135m-instruct`), a Hugging Face id or a local directory.
     dtype: see parse_dtype; with "auto" on a CPU the choice and its timings are in `target.dtype_report`,
     made for plain decoding (`plain`: no draft head, one token per forward) or for verifying trees; the
     choice also picks its precision's faster kernel (eagle.models.kernels; `target.kernel_report`). An
     explicit dtype runs torch's default kernel (the exact reference), or with `fastest_kernel` on a CPU
-    its faster one as auto would (bench's baselines in another precision: the fastest vanilla)."""
+    its faster one as auto would (bench's baselines in another precision: the fastest vanilla). `remeasure`:
+    time those choices again instead of reading them from the cache (`budget --refresh`)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     dev = parse_device(device)
@@ -40,18 +42,18 @@ def load_target(name_or_path: str = DEFAULT_MODEL, device: str | torch.device | 
     model.to(dev).eval().requires_grad_(False)
     target = Target(model=model, tokenizer=tokenizer, name=name_or_path)
     if chosen is None:  # "auto" on a CPU: time both, keep the faster
-        _choose_precision(target, plain)
+        _choose_precision(target, plain, remeasure)
     elif fastest_kernel and dev.type == "cpu" and fast_kernel(dtype_name(chosen)):
-        _choose_kernel(target, choose_linear_kernel(target, dtype_name(chosen), plain=plain))
+        _choose_kernel(target, choose_linear_kernel(target, dtype_name(chosen), remeasure, plain))
     return target
 
 
-def _choose_precision(target: Target, plain: bool) -> None:
+def _choose_precision(target: Target, plain: bool, remeasure: bool = False) -> None:
     """fp32 or bf16, whichever is faster here, each at the faster of torch's default kernel and its fast
     one (oneDNN for fp32, the AVX2 kernel for bf16 without bf16 instructions; each timed once per
     machine, cached); the fp32 model is cast and its projections wrapped to match."""
-    report = choose_cpu_dtype(target, plain=plain)
-    kernels = {d: choose_linear_kernel(target, d, plain=plain) for d in CPU_DTYPES if fast_kernel(d)}
+    report = choose_cpu_dtype(target, remeasure, plain)
+    kernels = {d: choose_linear_kernel(target, d, remeasure, plain) for d in CPU_DTYPES if fast_kernel(d)}
     report = at_their_kernels(report, kernels, plain)
     note = None if "bfloat16" in kernels else missing_kernel_note()
     target.dtype_report = report if note is None else {**report, "reason": f"{report['reason']}; {note}"}

@@ -29,14 +29,14 @@ def _reason(chosen: str, ms: dict[str, dict[str, float]]) -> str:
     return f"{chosen} drafts faster on this CPU ({parts} per draft round; measured once, cached)"
 
 
-def set_head_dtype(target: Target, head: AnyHead, choice: str = "auto") -> str | None:
+def set_head_dtype(target: Target, head: AnyHead, choice: str = "auto", remeasure: bool = False) -> str | None:
     """Cast `head` (in place) to the precision `choice` names (HEAD_DTYPE_CHOICES); returns the
-    sentence saying how auto chose it on a CPU, else None."""
+    sentence saying how auto chose it on a CPU, else None. `remeasure`: time auto's choice again."""
     if choice not in HEAD_DTYPE_CHOICES:
         raise ValueError(f"unknown head dtype {choice!r}: choose from {', '.join(HEAD_DTYPE_CHOICES)}")
     report = None
     if choice == "auto" and target.device.type == "cpu":
-        report = choose_head_dtype(target, head)
+        report = choose_head_dtype(target, head, remeasure)
         dtype = DTYPES[report["chosen"]]
     else:
         dtype = DTYPES[choice] if choice in DTYPES else target.dtype

@@ -218,13 +218,15 @@ def budget_mode(args: DecodeSettings, mode: str, device_type: str) -> str:
 class ModelSpec:
     """Which model pair to load, as typed settings: the target, the head (None: no head), device and
     the precisions of each (eagle.tools.headprecision); `fastest_kernel`: an explicit dtype at its
-    faster kernel, as auto runs it (load_target)."""
+    faster kernel, as auto runs it (load_target); `remeasure`: time auto's choices of precision and kernel
+    again instead of reading them from the cache (a cache timed while other work shared the cores)."""
     model: str = DEFAULT_MODEL
     head: str | None = "auto"
     device: str | None = None
     dtype: str = "auto"
     head_dtype: str = "auto"
     fastest_kernel: bool = False
+    remeasure: bool = False
 
 
 def model_spec(args: DecodeSettings, need_head: bool) -> ModelSpec:
@@ -262,11 +264,11 @@ def open_pair(spec: ModelSpec) -> LoadedPair:
     """The target at spec.dtype and the head, if one is named, at spec.head_dtype: the one way every
     front end (CLI, notebook, dashboard, bench) loads a pair."""
     target = load_target(spec.model, device=spec.device, dtype=spec.dtype, plain=spec.head is None,
-                         fastest_kernel=spec.fastest_kernel)
+                         fastest_kernel=spec.fastest_kernel, remeasure=spec.remeasure)
     if spec.head is None:
         return LoadedPair(target, None, None)
     head, source = resolve_head(target, spec.head)
-    return LoadedPair(target, head, source, set_head_dtype(target, head, spec.head_dtype))
+    return LoadedPair(target, head, source, set_head_dtype(target, head, spec.head_dtype, spec.remeasure))
 
 
 def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:
