@@ -18,6 +18,12 @@ from .figures import PALETTE, paper_layout
 RECIPE_LABELS = {"eagle1": "EAGLE-1 recipe", "eagle1-ttt": "+ training-time test", "eagle3": "EAGLE-3"}
 STEP_COLUMNS = ("acc_step1", "acc_step2", "acc_step3", "acc_step4")
 POINT_KEYS = {"recipe", "fraction", "train_samples", "steps", "heldout"}
+MORE = "+more"  # a point trained with ablation --more-features added to its recipe's data
+
+
+def recipe_label(recipe: str) -> str:
+    base = recipe.removesuffix(MORE)
+    return RECIPE_LABELS.get(base, base) + (" + more data" if recipe.endswith(MORE) else "")
 
 
 def load_ablation(path: str | Path) -> dict:
@@ -39,13 +45,16 @@ def load_ablation(path: str | Path) -> dict:
 def ablation_frame(results: dict) -> pd.DataFrame:
     """One row per point, sorted by recipe (in RECIPE_LABELS' order) and fraction: accuracies as fractions,
     tau NaN where the point has none."""
-    rows = [{"recipe": p["recipe"], "fraction": float(p["fraction"]), "train_samples": int(p["train_samples"]),
+    # a point trained with --more-features is a line of its own beside its recipe's
+    rows = [{"recipe": p["recipe"] + (MORE if "more_samples" in p else ""), "fraction": float(p["fraction"]),
+             "train_samples": int(p["train_samples"]), "more_samples": int(p.get("more_samples", 0)),
              "steps": int(p["steps"]), **{k: float(p["heldout"][k]) for k in STEP_COLUMNS},
              "tau": float(p["tau"]["tau"]) if "tau" in p else math.nan}
             for p in results["points"].values()]
     order = {r: i for i, r in enumerate(RECIPE_LABELS)}
     frame = pd.DataFrame(rows)
-    frame["_order"] = frame["recipe"].map(lambda r: order.get(r, len(order)))
+    # a +more line right after its recipe's
+    frame["_order"] = frame["recipe"].map(lambda r: order.get(r.removesuffix(MORE), len(order)) + r.endswith(MORE) / 2)
     return frame.sort_values(["_order", "fraction"]).drop(columns="_order").reset_index(drop=True)
 
 
@@ -62,7 +71,7 @@ def ablation_figure(results: dict) -> go.Figure:
         for col, key in enumerate(columns, 1):
             scale = 1 if key == "tau" else 100
             fig.add_trace(go.Scatter(x=rows["fraction"], y=rows[key] * scale, mode="lines+markers",
-                                     name=RECIPE_LABELS.get(recipe, recipe), legendgroup=recipe,
+                                     name=recipe_label(recipe), legendgroup=recipe,
                                      showlegend=col == 1, line=dict(color=color, width=3), marker=dict(size=10)),
                           row=1, col=col)
     fractions = sorted(frame["fraction"].unique())
@@ -84,7 +93,8 @@ def ablation_markdown(results: dict) -> str:
     frame = ablation_frame(results)
     has_tau = bool(frame["tau"].notna().any())
     header = ["recipe", "data", "train samples", "step 1", "step 2", "step 3", "step 4"] + (["τ"] if has_tau else [])
-    cells = [[RECIPE_LABELS.get(r.recipe, r.recipe), f"{r.fraction:g}", str(r.train_samples),
+    cells = [[recipe_label(r.recipe), f"{r.fraction:g}",
+              f"{r.train_samples} + {r.more_samples}" if r.more_samples else str(r.train_samples),
               *(f"{getattr(r, k) * 100:.1f} %" for k in STEP_COLUMNS),
               *([f"{r.tau:.2f}" if not math.isnan(r.tau) else ""] if has_tau else [])]
              for r in frame.itertuples(index=False)]

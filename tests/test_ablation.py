@@ -127,3 +127,35 @@ def test_features_not_made_for_eagle3_are_refused(tmp_path, capsys, single_threa
     assert cli.main(["ablation", "--features", str(tmp_path / "f"), "--out", str(tmp_path / "o"),
                      "--model", str(tmp_path / "no-model")]) == 2
     assert "is not an EAGLE-3 extraction" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_more_features_join_the_training_data_and_make_points_of_their_own(setup, tmp_path, capsys):
+    """ablation --more-features (e.g. ShareGPT's original replies beside the self-distilled ones): each point is
+    trained twice, on the features alone and with the other extraction's train split added (its held-out split
+    stays out), scored on the same held-out set; the table shows both lines."""
+    target, cfg = setup
+    tiny_features(target, tmp_path / "more", n_train=5, seed=1)
+    cfg = AblationConfig(**{**cfg.__dict__, "recipes": ("eagle3",), "fractions": (0.5,), "tau_per_category": 0,
+                            "more_features": str(tmp_path / "more")})
+    points = run_ablation(target, cfg, progress=False)["points"]
+    assert sorted(points) == ["eagle3-0.5", "eagle3-0.5+more"]
+    alone, more = points["eagle3-0.5"], points["eagle3-0.5+more"]
+    assert (alone["train_samples"], more["train_samples"], more["more_samples"]) == (6, 6, 5)
+    assert "more_samples" not in alone and (alone["train_tokens"], more["train_tokens"]) == (120, 220)
+    assert more["heldout"]["positions"] == alone["heldout"]["positions"]  # one held-out set: --features'
+    head = load_head(Path(cfg.out) / "runs" / "eagle3-0.5+more" / "head", target)
+    assert int(head.token_counts.sum()) == (6 + 5) * 10  # the vocabulary is counted on both
+    run = json.loads((Path(cfg.out) / "runs" / "eagle3-0.5+more" / "run.json").read_text())
+    assert run["more_features"] == str((tmp_path / "more").resolve()) and run["more_features_sha256"]
+    table = ablation_markdown(run_ablation(target, cfg, progress=False)).splitlines()
+    assert [row.split(" | ")[:3] for row in table[2:]] == [["| EAGLE-3", "0.5", "6"],
+                                                          ["| EAGLE-3 + more data", "0.5", "6 + 5"]]
+
+    manifest = json.loads((tmp_path / "more" / "manifest.json").read_text())
+    (tmp_path / "more" / "manifest.json").write_text(json.dumps({**manifest, "heldout_fraction": 0.5}))
+    argv = ["train", "--features", cfg.features, "--more-features", str(tmp_path / "more"), "--head-type", "eagle3",
+            "--out", str(tmp_path / "train"), "--model", str(tmp_path / "no-model")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--more-features" in err and "heldout_fraction=0.5" in err, err
+    assert not (tmp_path / "train").exists()

@@ -40,7 +40,7 @@ from ..models.target import Target
 from ..tools.session import Session
 from .features import check_features
 from .objective import default_loss
-from .train import train_head
+from .train import check_more_features, train_head
 
 RESULTS_FILE = "ablation.json"
 RECIPE_NAMES = ("eagle1", "eagle1-ttt", "eagle3")
@@ -68,6 +68,9 @@ class AblationConfig:
     questions: str = "mt_bench"
     tau_max_new_tokens: int = 64
     tau_tree: tuple[int, int, int] = (60, 6, 10)  # total_tokens, depth, top_k: the paper budget
+    # another extraction (e.g. ShareGPT's original replies, every turn): each point is also trained with its whole
+    # train split added (train's more_features), named RECIPE-FRACTION+more, on the same held-out set and steps
+    more_features: str = ""
 
     def validate(self) -> "AblationConfig":
         """Raise ValueError with one clear sentence for any out-of-range field."""
@@ -131,8 +134,8 @@ def parse_tree(text: str) -> tuple[int, int, int]:
     return total, depth, top_k
 
 
-def point_name(recipe: str, fraction: float) -> str:
-    return f"{recipe}-{fraction:g}"
+def point_name(recipe: str, fraction: float, more: bool = False) -> str:
+    return f"{recipe}-{fraction:g}" + ("+more" if more else "")
 
 
 def check_ablation_features(features_dir: Path) -> dict:
@@ -144,9 +147,14 @@ def check_ablation_features(features_dir: Path) -> dict:
     return manifest
 
 
-def _fingerprint(target: Target, cfg: AblationConfig, manifest: dict) -> dict:
+def _fingerprint(target: Target, cfg: AblationConfig, manifest: dict, more: dict | None = None) -> dict:
+    extra = {} if more is None else {"more_features": str(Path(cfg.more_features).resolve()),
+                                     "more_features_sha256": more.get("samples_sha256")}
     return {"model": target.name, "dtype": dtype_name(target.dtype), "features": str(Path(cfg.features).resolve()),
-            "features_sha256": manifest.get("samples_sha256"), **{k: getattr(cfg, k) for k in FINGERPRINT}}
+            "features_sha256": manifest.get("samples_sha256"), **{k: getattr(cfg, k) for k in FINGERPRINT}, **extra}
+
+
+MOVABLE = ("features", "more_features")  # paths: the checksums say which data, and a clone or machine moves them
 
 
 def _load_results(path: Path, settings: dict, tau_settings: dict | None) -> dict:
@@ -155,15 +163,18 @@ def _load_results(path: Path, settings: dict, tau_settings: dict | None) -> dict
         return {"settings": settings, "tau_settings": tau_settings, "points": {}}
     old = read_json_object(path, fix=": delete it or use another --out")
     for k, v in settings.items():
-        # the features' checksum says which data; their path may move (a clean clone, another machine)
-        if k != "features" and old.get("settings", {}).get(k) != v:
-            raise ValueError(f"{path} holds an ablation run with {k}={old.get('settings', {}).get(k)!r} (this run: "
+        was = old.get("settings", {}).get(k)
+        # a results file made without --more-features takes them on: its points did not read them
+        if k not in MOVABLE and was != v and not (k == "more_features_sha256" and was is None):
+            raise ValueError(f"{path} holds an ablation run with {k}={was!r} (this run: "
                              f"{v!r}): rerun with the same value or use another --out.")
     was = old.get("tau_settings")
     if tau_settings and was and was != tau_settings:
         raise ValueError(f"{path} holds MT-bench tau measured with other settings ({was}): rerun with the same "
                          "--tau-* flags or use another --out.")
-    return {**old, "settings": {**old["settings"], "features": settings["features"]},
+    return {**old, "settings": {**old["settings"], **{k: settings[k] for k in MOVABLE if k in settings},
+                                **({"more_features_sha256": settings["more_features_sha256"]}
+                                   if "more_features_sha256" in settings else {})},
             "tau_settings": tau_settings or was}
 
 
@@ -172,10 +183,11 @@ def run_ablation(target: Target, cfg: AblationConfig, progress: bool = True) -> 
     results, which are on disk after each point."""
     cfg.validate()
     manifest = check_ablation_features(Path(cfg.features))
+    more = check_more_features(manifest, Path(cfg.more_features)) if cfg.more_features else None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out / ".lock", f"ablation --out {out}"):
-        results = _load_results(out / RESULTS_FILE, _fingerprint(target, cfg, manifest), cfg.tau_settings())
+        results = _load_results(out / RESULTS_FILE, _fingerprint(target, cfg, manifest, more), cfg.tau_settings())
         n_train = int(manifest["stats"]["train_samples"])
         results.update(train_samples_total=n_train, heldout_samples=int(manifest["stats"]["heldout_samples"]))
         return _run_points(target, cfg, results, n_train, progress)
@@ -184,14 +196,15 @@ def run_ablation(target: Target, cfg: AblationConfig, progress: bool = True) -> 
 def _run_points(target: Target, cfg: AblationConfig, results: dict, n_train: int, progress: bool) -> dict:
     out = Path(cfg.out)
     log = run_logger("ablation", out / "ablation.log")
-    grid = [(r, f) for f in sorted(cfg.fractions) for r in cfg.recipes]
+    datas = (False, True) if cfg.more_features else (False,)  # without, then with the more features
+    grid = [(r, f, m) for f in sorted(cfg.fractions) for r in cfg.recipes for m in datas]
     bar = tqdm(grid, desc="ablation", unit="point", disable=not progress)
-    for recipe, fraction in bar:
-        name = point_name(recipe, fraction)
+    for recipe, fraction, more in bar:
+        name = point_name(recipe, fraction, more)
         bar.set_postfix_str(name)
         point = results["points"].get(name)
         if point is None:
-            point = _train_point(target, cfg, recipe, fraction, n_train, progress)
+            point = _train_point(target, cfg, recipe, fraction, n_train, progress, more)
             results["points"][name] = point
             atomic_write_json(out / RESULTS_FILE, results)
             log.info("%s: held-out accuracy per step %s", name, _accs(point))
@@ -210,13 +223,17 @@ def _accs(point: dict) -> str:
 
 
 def _train_point(target: Target, cfg: AblationConfig, recipe: str, fraction: float, n_train: int,
-                 progress: bool) -> dict:
-    """Train (or resume, or only re-evaluate a finished run) one point; its record for the results."""
+                 progress: bool, more: bool = False) -> dict:
+    """Train (or resume, or only re-evaluate a finished run) one point; its record for the results
+    (train_samples: of --features; more_samples: of --more-features, only in a +more point)."""
     n = max(1, math.ceil(fraction * n_train))
-    summary = train_head(target, cfg.features, Path(cfg.out) / "runs" / point_name(recipe, fraction), cfg.steps,
+    summary = train_head(target, cfg.features, Path(cfg.out) / "runs" / point_name(recipe, fraction, more), cfg.steps,
                          cfg.lr, cfg.batch, progress=progress, warmup=cfg.warmup, eval_every=0,
-                         checkpoint_every=cfg.checkpoint_every, seed=cfg.seed, train_samples=n, **cfg.recipe(recipe))
-    return {"recipe": recipe, "fraction": fraction, "train_samples": n, "train_tokens": summary["train_tokens"],
+                         checkpoint_every=cfg.checkpoint_every, seed=cfg.seed, train_samples=n,
+                         more_features=cfg.more_features if more else "", **cfg.recipe(recipe))
+    extra = {"more_samples": summary["train_samples"] - n} if more else {}
+    return {"recipe": recipe, "fraction": fraction, "train_samples": n, **extra,
+            "train_tokens": summary["train_tokens"],
             "steps": summary["steps"], "resumed_from": summary["start_step"], "wall_s": summary["wall_s"],
             "heldout": summary["heldout"]}
 

@@ -22,7 +22,7 @@ from .data import read_sharegpt
 from .distill import DistillConfig, regenerate
 from .features import check_conversation_range, check_features, prepare_features
 from .objective import LOSSES, default_loss
-from .train import TrainConfig, evaluate_head, train_head
+from .train import TrainConfig, check_more_features, evaluate_head, train_head
 
 
 
@@ -100,6 +100,14 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size,
                    help="EAGLE-3: the head's own vocabulary is the K most frequent training tokens (d2t/t2d); "
                         "0 = the target's whole vocabulary (%(default)s)")
+    _add_more_features_arg(p)
+
+
+def _add_more_features_arg(p: argparse.ArgumentParser, more_help: str = "") -> None:
+    p.add_argument("--more-features", default="",
+                   help="another extraction (same target, head type, held-out rule) whose train split joins "
+                        "--features' own, e.g. ShareGPT's original replies (prepare without --self-distill) beside "
+                        "the self-distilled ones; held-out accuracy stays on --features" + more_help)
 
 
 def _run_train(args: argparse.Namespace, target: Target) -> None:
@@ -109,7 +117,7 @@ def _run_train(args: argparse.Namespace, target: Target) -> None:
                eval_samples=args.eval_samples, log_every=args.log_every, seed=args.seed,
                max_minutes=args.max_minutes, init=args.init, overwrite=args.overwrite, ttt_steps=args.ttt_steps,
                ttt_decay=args.ttt_decay, loss=args.loss or default_loss(args.head_type),
-               head_type=args.head_type, draft_vocab_size=args.draft_vocab_size)
+               head_type=args.head_type, draft_vocab_size=args.draft_vocab_size, more_features=args.more_features)
 
 
 def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -153,6 +161,7 @@ def _add_ablation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tau-max-new-tokens", type=int, default=d.tau_max_new_tokens, help="(%(default)s)")
     p.add_argument("--tau-tree", default="/".join(map(str, d.tau_tree)),
                    help="TOTAL/DEPTH/TOP_K of the dynamic tree tau is measured with (%(default)s: the paper's)")
+    _add_more_features_arg(p, "; each point is then also trained with them added, named RECIPE-FRACTION+more")
 
 
 def ablation_config(args: argparse.Namespace) -> AblationConfig:
@@ -163,7 +172,8 @@ def ablation_config(args: argparse.Namespace) -> AblationConfig:
         warmup=args.warmup, ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
         draft_vocab_size=args.draft_vocab_size, checkpoint_every=args.checkpoint_every, seed=args.seed,
         tau_per_category=args.tau_per_category, questions=args.questions,
-        tau_max_new_tokens=args.tau_max_new_tokens, tau_tree=parse_tree(args.tau_tree)).validate()
+        tau_max_new_tokens=args.tau_max_new_tokens, tau_tree=parse_tree(args.tau_tree),
+        more_features=args.more_features).validate()
 
 
 def _run_ablation(args: argparse.Namespace, target: Target) -> None:
@@ -214,7 +224,9 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--sharegpt {args.sharegpt}: no such file")
     if args.command == "ablation":
         cfg = ablation_config(args)
-        check_ablation_features(Path(cfg.features))
+        manifest = check_ablation_features(Path(cfg.features))
+        if cfg.more_features:
+            check_more_features(manifest, Path(cfg.more_features))
         if cfg.tau_per_category:
             load_questions(cfg.questions)  # a missing question file fails before training, not after it
         outputs = {"--out": args.out}
@@ -230,7 +242,9 @@ def _check_paths(args: argparse.Namespace) -> None:
     elif args.command == "train":
         if args.init and not (Path(args.init) / "config.json").is_file():
             raise FileNotFoundError(f"--init {args.init}: no head there (config.json missing)")
-        check_features(Path(args.features))
+        manifest = check_features(Path(args.features))
+        if args.more_features:
+            check_more_features(manifest, Path(args.more_features))
         outputs = {"--out": args.out, "--final-dir": args.final_dir}
         if args.final_dir and (Path(args.final_dir) / "config.json").exists() and not args.overwrite:
             raise ValueError(f"--final-dir {args.final_dir} already holds a head: pass --overwrite to replace it.")

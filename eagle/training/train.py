@@ -21,7 +21,7 @@ from ..models.head3 import top_token_ids
 from ..models.headio import COUNTS_FILE, load_head, read_token_counts, save_head
 from ..models.precision import dtype_name
 from ..models.target import Target
-from .features import Sequence, check_features, count_tokens, load_shards
+from .features import MANIFEST_DEFAULTS, Sequence, check_features, count_tokens, load_shards
 from .objective import (autocast_for, default_loss, evaluate, lr_factor, make_batch, reduced_lm_weight, ttt_loss,
                         unroll)
 
@@ -92,6 +92,10 @@ class TrainConfig:
     head_type: str = "eagle1"  # one of eagle.models.head.HEAD_KINDS; eagle3 needs features prepared for it and loss token
     draft_vocab_size: int = 0  # EAGLE-3: the K most frequent training tokens make its vocabulary (0 = all)
     train_samples: int = 0  # train on the first N training samples only, in shard order (0 = all): nested subsets
+    # another extraction whose train split is added to the (first train_samples of the) features' own, e.g. ShareGPT's
+    # original multi-turn replies beside the self-distilled ones: the soft CE's labels are the target's own
+    # next-token distributions, so a reply the target did not write still teaches what it would predict
+    more_features: str = ""
 
 
 def _log_json(path: Path, record: dict) -> None:
@@ -129,7 +133,7 @@ def _read_counts(features_dir: Path, target: Target) -> torch.Tensor:
 
 
 def _load_data(features_dir: Path, head_type: str, target: Target, log: logging.Logger,
-               train_samples: int = 0) -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
+               train_samples: int = 0, more_features: str = "") -> tuple[list[Sequence], list[Sequence], torch.Tensor]:
     train, heldout = (_split(features_dir, split, head_type, target) for split in ("train", "heldout"))
     if train_samples > len(train):
         raise ValueError(f"train_samples {train_samples}: {features_dir} holds only {len(train)} training samples.")
@@ -138,6 +142,11 @@ def _load_data(features_dir: Path, head_type: str, target: Target, log: logging.
     if train_samples:  # the draft vocabulary and soft-CE rows come from the subset's own tokens, as prepare counts
         train = train[:train_samples]
         counts = count_tokens([(s.input_ids, s.loss_mask) for s in train], counts.numel())
+    if more_features:  # its held-out split stays out: the held-out prompts are the same (check_more_features)
+        more = _split(Path(more_features), "train", head_type, target)
+        log.info("more data: %d train samples (%d tokens) from %s", len(more), sum(len(s.input_ids) for s in more),
+                 more_features)
+        train, counts = train + more, counts + _read_counts(Path(more_features), target)
     log.info("data: %d train samples (%d tokens), %d held-out samples", len(train),
              sum(len(s.input_ids) for s in train), len(heldout))
     return train, heldout, counts
@@ -148,7 +157,8 @@ RUN_FILE = "run.json"
 RESUME_FIELDS = ("lr", "batch", "warmup", "noise", "vocab_k", "ce_weight", "clip", "seed", "init",
                  "ttt_steps", "ttt_decay", "loss", "head_type", "draft_vocab_size", "train_samples")
 # what a run.json that predates a field means
-RESUME_DEFAULTS = {"head_type": "eagle1", "draft_vocab_size": 0, "train_samples": 0}
+RESUME_DEFAULTS = {"head_type": "eagle1", "draft_vocab_size": 0, "train_samples": 0, "more_features": "",
+                   "more_features_sha256": None}
 
 
 def _check_run(out_dir: Path, fingerprint: dict) -> None:
@@ -171,10 +181,31 @@ def _check_run(out_dir: Path, fingerprint: dict) -> None:
                              "same value or use another --out.")
 
 
-def _run_fingerprint(target: Target, features_dir: Path, manifest: dict | None, cfg: TrainConfig) -> dict:
+def _run_fingerprint(target: Target, features_dir: Path, manifest: dict | None, cfg: TrainConfig,
+                     more: dict | None = None) -> dict:
     return {"model": target.name, "dtype": dtype_name(target.dtype), "features": str(features_dir.resolve()),
             "features_sha256": (manifest or {}).get("samples_sha256"),
+            "more_features": str(Path(cfg.more_features).resolve()) if cfg.more_features else "",
+            "more_features_sha256": (more or {}).get("samples_sha256"),
             **{k: getattr(cfg, k) for k in RESUME_FIELDS}}
+
+
+# what two extractions must share for one's train split to join the other's training: the same target, features
+# the head reads, and the same held-out rule (it hashes the first user message), so no held-out prompt is trained on
+SHARED_FIELDS = ("model", "target_sha256", "head_type", "feature_layers", "heldout_fraction", "seed")
+
+
+def check_more_features(manifest: dict | None, more_dir: Path) -> dict:
+    """The manifest of --more-features, made for the same target, head and held-out rule as --features'."""
+    more = check_features(more_dir)
+    if manifest is None or more is None:
+        raise ValueError(f"--more-features {more_dir}: both extractions need a manifest.json (run prepare again).")
+    for k in SHARED_FIELDS:
+        a, b = manifest.get(k, MANIFEST_DEFAULTS.get(k)), more.get(k, MANIFEST_DEFAULTS.get(k))
+        if a != b:
+            raise ValueError(f"--more-features {more_dir} was prepared with {k}={b!r}, --features with {a!r}: prepare "
+                             "both with the same target, --head-type, --heldout-fraction and --seed.")
+    return more
 
 
 def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, steps: int = 1000,
@@ -189,9 +220,10 @@ def train_head(target: Target, features_dir: str | Path, out_dir: str | Path, st
         raise ValueError(f"{final_dir} already holds a head: pass --overwrite to replace it, or another --final-dir.")
     manifest = check_features(features_dir)
     _check_head_type(cfg, manifest, features_dir)
+    more = check_more_features(manifest, Path(cfg.more_features)) if cfg.more_features else None
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / ".lock", f"train --out {out_dir}"):
-        _check_run(out_dir, _run_fingerprint(target, features_dir, manifest, cfg))
+        _check_run(out_dir, _run_fingerprint(target, features_dir, manifest, cfg, more))
         return _train_locked(target, features_dir, out_dir, cfg, final_dir, progress)
 
 
@@ -216,7 +248,8 @@ def _check_head_type(cfg: TrainConfig, manifest: dict | None, features_dir: Path
 def _train_locked(target: Target, features_dir: Path, out_dir: Path, cfg: TrainConfig,
                   final_dir: str | Path | None, progress: bool) -> dict:
     log = run_logger("train", out_dir / "train.log")
-    train, heldout, counts = _load_data(features_dir, cfg.head_type, target, log, cfg.train_samples)
+    train, heldout, counts = _load_data(features_dir, cfg.head_type, target, log, cfg.train_samples,
+                                        cfg.more_features)
     draft_ids = top_token_ids(counts, cfg.draft_vocab_size) if cfg.head_type == "eagle3" else None
     head = _init_head(target, cfg.seed, cfg.head_type, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
