@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
+from eagle.core.decode import greedy_accept
 from eagle.core.tree import Tree, build_tree, static_paths_to_tree_shape
 from eagle.core.verify import (
     accept_greedy,
@@ -114,6 +115,19 @@ def test_greedy_matches_brute_force(case: tuple[Tree, torch.Tensor]) -> None:
     assert all(int(tree.tokens[c]) == greedy[p] for p, c in zip(accepted, accepted[1:]))
     assert len(accepted) - 1 == _longest_greedy_depth(tree, greedy)
     assert bonus == greedy[accepted[-1]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(small_token_trees(), st.integers(0, 2**31 - 1))
+def test_the_decoders_one_pass_acceptance_equals_argmax_and_softmax(case: tuple[Tree, torch.Tensor], seed: int) -> None:
+    """greedy_accept (argmax and log-sum-exp from one max pass) accepts exactly what accept_greedy does, ties
+    included (small integer logits tie often: both take the lowest id), and its p(token | parent) is the softmax's."""
+    tree, _ = case
+    logits = torch.randint(-2, 3, (tree.num_nodes, 3), generator=torch.Generator().manual_seed(seed)).float()
+    accepted, bonus, probs = greedy_accept(tree, logits)
+    assert (accepted, bonus) == accept_greedy(tree, logits)
+    parents = tree.parents.clamp(min=0)
+    assert torch.allclose(probs, logits.softmax(-1)[parents, tree.tokens], atol=1e-6)
 
 
 # ---------------------------------------------------------------- toy world for sampling

@@ -35,7 +35,7 @@ from .lookup import ContextTokens, find_continuation, next_length
 from .nodes import Round, TokenTexts, trace_nodes
 from .prompt import check_prompt
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
-from .verify import accept_greedy, accept_sampling_dynamic, accept_sampling_static, process_logits
+from .verify import accept_greedy_tokens, accept_sampling_dynamic, accept_sampling_static, process_logits
 
 
 __all__ = ["DecodeState", "Decoder", "Drafter", "Generation", "draft_round", "generate", "greedy_accept",
@@ -309,9 +309,13 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int, tor
     """A greedy round's acceptance of its verified tree (logits (N, V)): the accepted path, the bonus
     token and each node's p(token | parent) for the trace. The budget's cost probe times this too."""
     scores = logits.float()  # exact; argmax over fp32 is ~4x faster than over bf16 on a CPU
-    accepted, bonus = accept_greedy(tree, scores)
-    # p(token | parent) for the trace from one logsumexp: no (N, V) softmax in the hot loop
-    lse = torch.logsumexp(scores, dim=-1)  # (N,)
+    # one pass gives the argmax (the first maximum: ties go to the lowest id, as argmax's) and the row
+    # maxima that stabilise the log-sum-exp: ~0.19 ms a round less than argmax + logsumexp (15 x 49,152
+    # logits, 2026-12-07, AMD EPYC Zen 5)
+    top, greedy = scores.max(dim=-1)  # (N,), (N,)
+    accepted, bonus = accept_greedy_tokens(tree, greedy)
+    # p(token | parent) for the trace from one log-sum-exp: no (N, V) softmax in the hot loop
+    lse = (scores - top[:, None]).exp_().sum(-1).log_() + top  # (N,)
     parents = tree.parents.clamp(min=0)
     return accepted, bonus, (scores[parents, tree.tokens] - lse[parents]).exp()
 

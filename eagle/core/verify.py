@@ -62,7 +62,12 @@ def accept_greedy(tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], i
     if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_nodes:
         raise ValueError(f"target_logits must be (N={tree.num_nodes}, V), got "
                          f"{tuple(target_logits.shape)}")
-    greedy = target_logits.argmax(dim=-1)  # (N,) target's next token after each node
+    return accept_greedy_tokens(tree, target_logits.argmax(dim=-1))
+
+
+def accept_greedy_tokens(tree: Tree, greedy: torch.Tensor) -> tuple[list[int], int]:
+    """accept_greedy given the target's argmax after each node, greedy (N,) (the decoder takes it from
+    the same pass that gives the trace's log-sum-exp its row maxima)."""
     paths = tree.retrieve  # (L, D+1)
     child, parent = paths[:, 1:], paths[:, :-1]  # (L, D)
     match = (child >= 0) & (tree.tokens[child.clamp(min=0)] == greedy[parent.clamp(min=0)])
