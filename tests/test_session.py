@@ -182,17 +182,17 @@ def test_auto_falls_back_to_vanilla_when_no_tree_pays(tiny_dir, monkeypatch):  #
     costs = Costs("k", {1: 0.04, 2: 0.05}, {"2/0": (0.01, 0.005)}, 0.002)
     chosen = dict(total_tokens=4, depth=2, top_k=2, draft_vocab=0)
     losing = fixed_auto_report(chosen, costs, expected_speedup_same_dtype=0.44)
-    monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, losing))
+    monkeypatch.setattr(session_module.budget_choice, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, losing))
     run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
     assert run.config.mode == "vanilla" and run.decoder.head is None and "0.44x" in run.note
     assert run.header.meta["note"] == run.note and run.header.head is None
     assert run.note.endswith("decoding as vanilla float32")  # fp32 is the fastest vanilla in that report
     elsewhere = replace(losing, vanilla_dtype="bfloat16")  # a CPU where bf16 decodes one token faster
-    monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, elsewhere))
+    monkeypatch.setattr(session_module.budget_choice, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, elsewhere))
     note = session.prepare(PROMPT, DecodeConfig(**TREE), "auto").note
     assert "decoding as vanilla float32; vanilla bfloat16 is faster here (--mode vanilla --dtype auto" in note
     paying = replace(losing, expected_speedup_same_dtype=1.3)
-    monkeypatch.setattr(session_module, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, paying))
+    monkeypatch.setattr(session_module.budget_choice, "tuned_config", lambda t, h, cfg, budget, context, report: (cfg, None, paying))
     run = session.prepare(PROMPT, DecodeConfig(**TREE), "auto")
     assert run.config.mode == "dynamic" and run.note is None and "note" not in run.header.meta
     assert run.config.lookup_tokens == 10  # the auto family adds the prompt-lookup branch when greedy
