@@ -212,6 +212,8 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         ("combination", ["--final-dir", "{head}"], "--final-dir {head} already holds a head: pass --overwrite"),
         ("type", ["--overwrite=1"], "argument --overwrite: ignored explicit argument"),
         ("type", ["--init", "{tmp}/nohead"], "--init {tmp}/nohead: no head there"),
+        ("type", ["--more-features", "{tmp}/nomore"], "No train-*.safetensors shards in {tmp}/nomore"),
+        ("combination", ["--more-features", "{feat}"], "--more-features {feat}: both extractions need a manifest.json"),
         ("type", ["--loss", "l2"], "argument --loss: invalid choice"),
         *[(kind, [flag, value], words) for flag, low in [
             ("--steps", "-1"), ("--lr", "-1"), ("--batch", "0"), ("--warmup", "-1"), ("--noise", "-1"),
