@@ -53,6 +53,10 @@ def ablation_frame(results: dict) -> pd.DataFrame:
             for p in results["points"].values()]
     order = {r: i for i, r in enumerate(RECIPE_LABELS)}
     frame = pd.DataFrame(rows)
+    # where a point sits on the data axis: its share of the features' training samples, so a point trained with
+    # more data lies beyond 1, by how many samples the more features added
+    total = results.get("train_samples_total")
+    frame["data"] = frame["fraction"] if not total else frame["fraction"] + frame["more_samples"] / float(total)
     # a +more line right after its recipe's
     frame["_order"] = frame["recipe"].map(lambda r: order.get(r.removesuffix(MORE), len(order)) + r.endswith(MORE) / 2)
     return frame.sort_values(["_order", "fraction"]).drop(columns="_order").reset_index(drop=True)
@@ -70,12 +74,12 @@ def ablation_figure(results: dict) -> go.Figure:
         columns = [*STEP_COLUMNS, *(["tau"] if has_tau else [])]
         for col, key in enumerate(columns, 1):
             scale = 1 if key == "tau" else 100
-            fig.add_trace(go.Scatter(x=rows["fraction"], y=rows[key] * scale, mode="lines+markers",
+            fig.add_trace(go.Scatter(x=rows["data"], y=rows[key] * scale, mode="lines+markers",
                                      name=recipe_label(recipe), legendgroup=recipe,
                                      showlegend=col == 1, line=dict(color=color, width=3), marker=dict(size=10)),
                           row=1, col=col)
-    fractions = sorted(frame["fraction"].unique())
-    fig.update_xaxes(type="log", tickvals=fractions, ticktext=[f"{f:g}" for f in fractions], title_text="data")
+    fractions = sorted(frame["data"].unique())
+    fig.update_xaxes(type="log", tickvals=fractions, ticktext=[f"{f:.3g}" for f in fractions], title_text="data")
     top = float(frame[list(STEP_COLUMNS)].max().max()) * 100
     for col in range(1, len(STEP_COLUMNS) + 1):  # one accuracy scale, so the panels compare by eye
         fig.update_yaxes(range=[0, max(top * 1.08, 1.0)], row=1, col=col)

@@ -147,9 +147,12 @@ def test_more_features_join_the_training_data_and_make_points_of_their_own(setup
     assert int(head.token_counts.sum()) == (6 + 5) * 10  # the vocabulary is counted on both
     run = json.loads((Path(cfg.out) / "runs" / "eagle3-0.5+more" / "run.json").read_text())
     assert run["more_features"] == str((tmp_path / "more").resolve()) and run["more_features_sha256"]
-    table = ablation_markdown(run_ablation(target, cfg, progress=False)).splitlines()
+    results = run_ablation(target, cfg, progress=False)
+    table = ablation_markdown(results).splitlines()
     assert [row.split(" | ")[:3] for row in table[2:]] == [["| EAGLE-3", "0.5", "6"],
                                                           ["| EAGLE-3 + more data", "0.5", "6 + 5"]]
+    xs = {trace.name: list(trace.x) for trace in ablation_figure(results).data if trace.showlegend}
+    assert xs == {"EAGLE-3": [0.5], "EAGLE-3 + more data": [pytest.approx(0.5 + 5 / 12)]}  # the data axis: samples
 
     manifest = json.loads((tmp_path / "more" / "manifest.json").read_text())
     (tmp_path / "more" / "manifest.json").write_text(json.dumps({**manifest, "heldout_fraction": 0.5}))
