@@ -11,6 +11,7 @@ from eagle.tools.budget import choice as budget_choice, costs as budget_costs
 from eagle.tools.budget.choice import choose_budget
 from eagle.tools.budget.costs import Costs
 from eagle.tools.budget.replay import AcceptModel, Copies, StepSample, samples_from_steps
+from eagle.records.timing import measured_under_load
 from eagle.records.trace import NodeRecord, StepRecord
 from eagle.core.config import DecodeConfig
 from tests.tiny import tiny_pair
@@ -226,8 +227,8 @@ def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch
 
 
 def test_a_cache_timed_under_load_is_stale():
-    assert budget_costs.measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
-    assert not budget_costs.measured_under_load(0.045, 0.042) and not budget_costs.measured_under_load(0.042, 0.30)
+    assert measured_under_load(0.30, 0.042)  # 7x slower than the machine is now
+    assert not measured_under_load(0.045, 0.042) and not measured_under_load(0.042, 0.30)
     target, head = tiny_pair(vocab=12)
     assert 0 < budget_costs.probe_t1(target, head, prefix_len=8, repeats=2) < 1
 

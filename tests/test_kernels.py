@@ -62,6 +62,7 @@ def _timings(monkeypatch, cache, dtypes: dict, kernel_ms: dict, bf16_ms: dict = 
     monkeypatch.setenv("EAGLE_CACHE", str(cache))
     monkeypatch.setattr(precision, "measure_dtypes", lambda t: dtypes)
     monkeypatch.setattr(kernels, "measure_kernels", lambda t, dtype: kernel_ms if dtype == "float32" else bf16_ms)
+    monkeypatch.setattr(precision, "one_token_seconds", lambda t: 1e3)  # the machine now: never faster than cached
 
 
 def test_auto_packs_only_where_it_chose_fp32_and_onednn(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
@@ -199,3 +200,34 @@ def test_budget_refresh_times_the_precision_kernel_and_head_choices_again(tmp_pa
     assert "dtype: float32" in capsys.readouterr().out and timed == ["head"]
     assert cli.main([*flags, "--refresh"]) == 0
     assert "dtype: bfloat16" in capsys.readouterr().out and timed == ["head", "head"]
+
+
+def test_a_precision_cache_timed_under_load_is_measured_again_on_load(tmp_path, monkeypatch, tiny_dir,  # noqa: F811
+                                                                      capsys):
+    """What `budget --refresh` repairs by hand, a load notices: the cached fp32 one-token forward (250 ms, timed
+    beside other work) is far slower than a quick probe of the freshly loaded target now, so the precision, the
+    kernels and the head's precision are timed again; a cache the machine agrees with is read as it is."""
+    from eagle import cli
+    from eagle.models import precision
+    from eagle.tools import headprecision
+    from eagle.tools.budget import choice as budget_choice
+    from tests.tiny import context_auto_report
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.25, 8: 2.9}, "bfloat16": {1: 1.9, 8: 2.3}},
+             {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
+    timed = []
+    monkeypatch.setattr(headprecision, "time_head_dtypes",
+                        lambda t, h, dtypes: timed.append("head") or {"float32": {"draft": 2.0}, "bfloat16": {"draft": 1.0}})
+    monkeypatch.setattr(budget_choice, "auto_config", lambda t, h, cfg, **kw: (cfg, context_auto_report()))
+    flags = ["budget", "--model", str(tiny_dir), "--head", "random", "--threads", "1"]
+    assert cli.main(flags) == 0 and "dtype: float32" in capsys.readouterr().out
+    _timings(monkeypatch, tmp_path, {"float32": {1: 0.040, 8: 0.060}, "bfloat16": {1: 0.020, 8: 0.025}},
+             {"default": {"1": 2.0, "8": 4.0}, "onednn": {"1": 2.0, "8": 2.0}})
+    monkeypatch.setattr(precision, "one_token_seconds", lambda t: 0.200)  # cached 250 ms: not > 1.5 x 200 ms
+    assert cli.main(flags) == 0 and "dtype: float32" in capsys.readouterr().out and timed == ["head"]
+    monkeypatch.setattr(precision, "one_token_seconds", lambda t: 0.040)  # 250 ms cached against 40 now
+    assert cli.main(flags) == 0
+    out = capsys.readouterr()
+    assert "dtype: bfloat16" in out.out and timed == ["head", "head"]
+    assert "measured again: the cached timings were made under load" in out.out + out.err
+    assert cli.main(flags) == 0 and "dtype: bfloat16" in capsys.readouterr().out  # the new cache stands
+    assert timed == ["head", "head"]

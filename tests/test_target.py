@@ -169,6 +169,7 @@ def test_a_precision_cache_outside_its_set_is_measured_again(tmp_path, monkeypat
     tiny = tiny_target()
     report = precision_mod.choose_cpu_dtype(tiny)
     path = Path(report.pop("file"))
+    assert report.pop("measured") is True  # said of a fresh measurement, never stored
     atomic_write_json(path, {**report, **edit})
     assert precision_mod.choose_cpu_dtype(tiny)["chosen"] == "bfloat16"
     assert json.loads(path.read_text()) == report  # rewritten whole

@@ -6,7 +6,8 @@ import torch
 
 from .conversion import resolve_model_path
 from .location import DEFAULT_MODEL, ModelLoadError, locate_model
-from .precision import CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, dtype_name, parse_device, parse_dtype
+from .precision import (CPU_DTYPES, DTYPES, DtypeSpec, choose_cpu_dtype, dtype_name, parse_device, parse_dtype,
+                        timed_under_load)
 from .kernels import at_their_kernels, choose_linear_kernel, fast_kernel, missing_kernel_note, use_kernel
 from .target import Target
 
@@ -53,10 +54,14 @@ def _choose_precision(target: Target, plain: bool, remeasure: bool = False) -> N
     one (oneDNN for fp32, the AVX2 kernel for bf16 without bf16 instructions; each timed once per
     machine, cached); the fp32 model is cast and its projections wrapped to match."""
     report = choose_cpu_dtype(target, remeasure, plain)
+    stale = timed_under_load(report, target)  # the fresh fp32 target on torch's kernel, as the cache timed it
+    if stale:  # every choice of that session is suspect: the kernels' and (open_pair) the head's
+        remeasure, report = True, {**choose_cpu_dtype(target, True, plain), "remeasured": True}
     kernels = {d: choose_linear_kernel(target, d, remeasure, plain) for d in CPU_DTYPES if fast_kernel(d)}
     report = at_their_kernels(report, kernels, plain)
-    note = None if "bfloat16" in kernels else missing_kernel_note()
-    target.dtype_report = report if note is None else {**report, "reason": f"{report['reason']}; {note}"}
+    notes = ["measured again: the cached timings were made under load"] * stale + \
+        [None if "bfloat16" in kernels else missing_kernel_note()]
+    target.dtype_report = {**report, "reason": "; ".join([report["reason"], *filter(None, notes)])}
     chosen = report["chosen"]
     if chosen != "float32":
         target.model.to(DTYPES[chosen])  # fp32 -> bf16 rounds as a bf16 load would

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..records.files import atomic_write_json, read_json_or_none
-from ..records.timing import time_interleaved
+from ..records.timing import measured_under_load, time_interleaved
 from .location import cache_dir
 from .target import Target
 
@@ -72,16 +72,36 @@ DTYPE_PREFIX = 192
 CPU_DTYPES = ("float32", "bfloat16")  # what "auto" chooses between on a CPU (fp16 matmuls are slow there)
 
 
-def forward_job(target: Target, n_new: int) -> Callable[[], None]:
-    """One n_new-token forward after a DTYPE_PREFIX-token prefix, rewriting the same cache slots."""
-    cache = target.new_cache(DTYPE_PREFIX + n_new)
+def forward_job(target: Target, n_new: int, prefix: int = DTYPE_PREFIX) -> Callable[[], None]:
+    """One n_new-token forward after a `prefix`-token prefix, rewriting the same cache slots."""
+    cache = target.new_cache(prefix + n_new)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, target.config.vocab_size, (1, DTYPE_PREFIX + n_new), generator=gen)
+    ids = torch.randint(0, target.config.vocab_size, (1, prefix + n_new), generator=gen)
     ids = ids.to(target.device)
-    target.forward(ids[:, :DTYPE_PREFIX], torch.arange(DTYPE_PREFIX, device=target.device)[None], cache, 0,
+    target.forward(ids[:, :prefix], torch.arange(prefix, device=target.device)[None], cache, 0,
                    logits_rows=slice(-1, None))
-    pos = torch.arange(DTYPE_PREFIX, DTYPE_PREFIX + n_new, device=target.device)[None]
-    return lambda: target.forward(ids[:, DTYPE_PREFIX:], pos, cache, DTYPE_PREFIX)
+    pos = torch.arange(prefix, prefix + n_new, device=target.device)[None]
+    return lambda: target.forward(ids[:, prefix:], pos, cache, prefix)
+
+
+CHECK_PREFIX = 8  # the load-time check's prefix: short, so it costs ~4 one-token forwards (the cached t(1)
+# after 192 tokens differs from it by a few per cent, far inside STALE_RATIO)
+
+
+def one_token_seconds(target: Target) -> float:
+    """A quick timing of the target's one-token forward as it is now (~4 forwards)."""
+    with torch.inference_mode():
+        return time_interleaved({"t1": forward_job(target, 1, CHECK_PREFIX)}, 3, "check the precision cache")["t1"]
+
+
+def timed_under_load(report: dict, target: Target) -> bool:
+    """True when `report`, a precision choice read from the cache (not measured just now), timed this
+    target's one-token forward (its dtype, torch's default kernel) much slower than it runs now: it was
+    measured while other work shared the cores (a setup beside a long job), and its choice may be wrong."""
+    cached = report["ms"].get(dtype_name(target.dtype), {}).get("1")
+    if report.get("measured") or cached is None:
+        return False
+    return measured_under_load(cached / 1000, one_token_seconds(target))
 
 
 def measure_dtypes(target: Target, dtypes: tuple[str, ...] = CPU_DTYPES,
@@ -138,6 +158,7 @@ def cached_choice(key: str, measure: Callable[[], dict[str, dict[str, float]]],
         chosen = min(ms, key=lambda d: sum(ms[d].values()))
         report = {"key": key, "chosen": chosen, "ms": ms, "reason": reason(chosen, ms)}
         atomic_write_json(path, report)
+        return {**report, "file": str(path), "measured": True}  # just now: no check against the machine needed
     return {**report, "file": str(path)}
 
 

@@ -27,6 +27,16 @@ def time_interleaved(jobs: dict[K, Callable[[], None]], repeats: int, desc: str)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+STALE_RATIO = 1.5  # a cached timing this much slower than a fresh probe was measured under load
+
+
+def measured_under_load(cached_s: float, fresh_s: float) -> bool:
+    """True when a cached timing is much slower than this machine is now: it was timed while other work
+    shared the cores, so the choice made from it is wrong. The opposite (slower now) keeps the cache: the
+    least loaded measurement is the better reference."""
+    return cached_s > STALE_RATIO * fresh_s
+
+
 class PhaseClock:
     """Splits one decoding round into named, disjoint phases: `lap(name)` charges the time since the
     previous lap to `name`, so the phases of a round sum to its wall time.

@@ -268,7 +268,9 @@ def open_pair(spec: ModelSpec) -> LoadedPair:
     if spec.head is None:
         return LoadedPair(target, None, None)
     head, source = resolve_head(target, spec.head)
-    return LoadedPair(target, head, source, set_head_dtype(target, head, spec.head_dtype, spec.remeasure))
+    # a precision cache found timed under load (load_target) casts doubt on the head's choice of that session too
+    remeasure = spec.remeasure or bool((target.dtype_report or {}).get("remeasured"))
+    return LoadedPair(target, head, source, set_head_dtype(target, head, spec.head_dtype, remeasure))
 
 
 def load_pair(spec: ModelSpec) -> tuple[Target, AnyHead | None, str | None]:

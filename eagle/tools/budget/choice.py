@@ -26,8 +26,9 @@ from ...models.precision import choose_cpu_dtype, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json
 from ...records.stats import speedup, tokens_per_second
+from ...records.timing import measured_under_load
 from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, REPEATS, TOP_KS, VOCABS, Costs, cost_key, cost_path, \
-    host_terms, measure_costs, measured_under_load, probe_t1
+    host_terms, measure_costs, probe_t1
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 

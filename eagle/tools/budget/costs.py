@@ -27,7 +27,7 @@ from ...models.target import Target
 from ...records.files import atomic_write_json, read_json_or_none
 from ...records.trace import StepRecord
 from ...records.schema import FileFormatError, check_object, check_value, fail, is_kind
-from ...records.timing import time_interleaved
+from ...records.timing import measured_under_load, time_interleaved
 
 # Dense at small n: on the 2-core CPU, MKL's fp32 matmul costs about the same for 1-3 rows and steps up
 # at 4 (t(3) = 83 ms, t(4) = 108), a step that interpolation between sparse points would hide.
@@ -335,21 +335,11 @@ def time_head_dtypes(target: Target, head: AnyHead, dtypes: tuple[str, ...], rep
     return {d: {"draft": round(1000 * t[d], 2)} for d in dtypes}
 
 
-STALE_RATIO = 1.5  # a cached t(1) this much slower than a fresh probe was measured under load
-
-
 def probe_t1(target: Target, head: AnyHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
     """A quick (~1 s) timing of a one-token verify, to check a cached measurement against."""
     probe = _Probe(target, head, prefix_len, 1)
     with torch.inference_mode():
         return time_interleaved({"v1": probe.verify(1)}, repeats, "check costs")["v1"]
-
-
-def measured_under_load(cached_t1: float, fresh_t1: float) -> bool:
-    """True when the cache is much slower than this machine is now: it was timed while other work
-    shared the cores, so its choice is wrong. The opposite (slower now) keeps the cache: the least
-    loaded measurement is the better reference."""
-    return cached_t1 > STALE_RATIO * fresh_t1
 
 
 def measure_costs(target: Target, head: AnyHead, ns: tuple[int, ...] = NS, top_ks: tuple[int, ...] = TOP_KS,
