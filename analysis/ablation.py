@@ -69,14 +69,19 @@ def ablation_figure(results: dict) -> go.Figure:
     has_tau = bool(frame["tau"].notna().any())
     titles = [f"draft step {j}" for j in range(1, len(STEP_COLUMNS) + 1)] + (["MT-bench τ"] if has_tau else [])
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.05)
-    for i, (recipe, rows) in enumerate(frame.groupby("recipe", sort=False)):
-        color = PALETTE[i % len(PALETTE)]
+    bases = list(dict.fromkeys(r.removesuffix(MORE) for r in frame["recipe"]))
+    for recipe, rows in frame.groupby("recipe", sort=False):
+        base = recipe.removesuffix(MORE)
+        more = recipe != base  # in its recipe's colour, dotted, from the recipe's point at the same fraction
+        if more:
+            rows = pd.concat([frame[(frame["recipe"] == base) & frame["fraction"].isin(rows["fraction"])], rows])
+        style = dict(line=dict(color=PALETTE[bases.index(base) % len(PALETTE)], width=3, dash="dot" if more else None),
+                     marker=dict(size=10, symbol="diamond" if more else "circle"))
         columns = [*STEP_COLUMNS, *(["tau"] if has_tau else [])]
         for col, key in enumerate(columns, 1):
             scale = 1 if key == "tau" else 100
             fig.add_trace(go.Scatter(x=rows["data"], y=rows[key] * scale, mode="lines+markers",
-                                     name=recipe_label(recipe), legendgroup=recipe,
-                                     showlegend=col == 1, line=dict(color=color, width=3), marker=dict(size=10)),
+                                     name=recipe_label(recipe), legendgroup=recipe, showlegend=col == 1, **style),
                           row=1, col=col)
     fractions = sorted(frame["data"].unique())
     fig.update_xaxes(type="log", tickvals=fractions, ticktext=[f"{f:.3g}" for f in fractions], title_text="data")

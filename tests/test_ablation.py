@@ -152,7 +152,8 @@ def test_more_features_join_the_training_data_and_make_points_of_their_own(setup
     assert [row.split(" | ")[:3] for row in table[2:]] == [["| EAGLE-3", "0.5", "6"],
                                                           ["| EAGLE-3 + more data", "0.5", "6 + 5"]]
     xs = {trace.name: list(trace.x) for trace in ablation_figure(results).data if trace.showlegend}
-    assert xs == {"EAGLE-3": [0.5], "EAGLE-3 + more data": [pytest.approx(0.5 + 5 / 12)]}  # the data axis: samples
+    # the data axis counts samples; the more-data line starts at its recipe's point
+    assert xs == {"EAGLE-3": [0.5], "EAGLE-3 + more data": [0.5, pytest.approx(0.5 + 5 / 12)]}
 
     manifest = json.loads((tmp_path / "more" / "manifest.json").read_text())
     (tmp_path / "more" / "manifest.json").write_text(json.dumps({**manifest, "heldout_fraction": 0.5}))
