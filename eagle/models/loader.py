@@ -59,9 +59,12 @@ def _choose_precision(target: Target, plain: bool, remeasure: bool = False) -> N
         remeasure, report = True, {**choose_cpu_dtype(target, True, plain), "remeasured": True}
     kernels = {d: choose_linear_kernel(target, d, remeasure, plain) for d in CPU_DTYPES if fast_kernel(d)}
     report = at_their_kernels(report, kernels, plain)
-    notes = ["measured again: the cached timings were made under load"] * stale + \
-        [None if "bfloat16" in kernels else missing_kernel_note()]
-    target.dtype_report = {**report, "reason": "; ".join([report["reason"], *filter(None, notes)])}
+    reasons = [report["reason"]]
+    if stale:
+        reasons.append("measured again: the cached timings were made under load")
+    if "bfloat16" not in kernels and (note := missing_kernel_note()):
+        reasons.append(note)
+    target.dtype_report = {**report, "reason": "; ".join(reasons)}
     chosen = report["chosen"]
     if chosen != "float32":
         target.model.to(DTYPES[chosen])  # fp32 -> bf16 rounds as a bf16 load would

@@ -172,9 +172,8 @@ def _load_results(path: Path, settings: dict, tau_settings: dict | None) -> dict
     if tau_settings and was and was != tau_settings:
         raise ValueError(f"{path} holds MT-bench tau measured with other settings ({was}): rerun with the same "
                          "--tau-* flags or use another --out.")
-    return {**old, "settings": {**old["settings"], **{k: settings[k] for k in MOVABLE if k in settings},
-                                **({"more_features_sha256": settings["more_features_sha256"]}
-                                   if "more_features_sha256" in settings else {})},
+    carried = (*MOVABLE, "more_features_sha256")  # this run's paths, and the checksum a file without one takes on
+    return {**old, "settings": {**old["settings"], **{k: settings[k] for k in carried if k in settings}},
             "tau_settings": tau_settings or was}
 
 
