@@ -132,7 +132,7 @@ def write_figures(figs: dict[str, go.Figure], out: str | Path, formats: tuple[st
     jobs = [_job(name, fig, fmt, out, scale, paper) for name, fig in figs.items() for fmt in formats]
     for job in jobs:  # a stale file from an earlier run must not pass for a fresh one
         job["final"].unlink(missing_ok=True)
-    errors = _kaleido_write(jobs, browser)
+    errors = _render(jobs, browser)
     _keep_images(jobs, errors, out)
     result = ExportResult(written=[j["final"] for j in jobs if _nonempty(j["final"])])
     failed = {name: fig for name, fig in figs.items()
@@ -155,6 +155,18 @@ def _job(name: str, fig: go.Figure, fmt: str, out: Path, scale: float, paper: Pa
     width, height = _size(fig)
     return {"fig": fig, "path": out / f".{name}.{fmt}.{os.getpid()}.tmp", "final": out / f"{name}.{fmt}",
             "opts": {"format": fmt, "width": width, "height": height, "scale": scale}}
+
+
+def _render(jobs: list[dict], browser: str) -> list[BaseException]:
+    """Render every job, then once more, in a fresh browser, the ones that came back empty: headless
+    Chromium now and then fails one render under load (a JavascriptError "Uncaught") and renders it on
+    the next launch. A failed file write is not retried: a full disk stays full. Returns the errors of
+    the last attempt."""
+    errors = _kaleido_write(jobs, browser)
+    missing = [j for j in jobs if not _nonempty(j["path"])]
+    if not missing or any(isinstance(e, OSError) for e in errors):
+        return errors
+    return _kaleido_write(missing, browser)
 
 
 def _kaleido_write(jobs: list[dict], browser: str) -> list[BaseException]:

@@ -487,6 +487,52 @@ def test_paper_size_export_is_exactly_that_wide_with_fonts_embedded(tmp_path) ->
     assert width == pytest.approx(7 * 300, abs=2)
 
 
+def _flaky_renderer(fail: dict[int, BaseException]):
+    """A stand-in for kaleido's batch: attempt i (0, 1, ...) writes every job's file, unless fail names
+    that attempt, when it writes none and returns that error. Records each attempt's file names."""
+    attempts: list[list[str]] = []
+
+    def render(jobs: list[dict], browser: str) -> list[BaseException]:
+        attempts.append([j["final"].name for j in jobs])
+        if len(attempts) - 1 in fail:
+            return [fail[len(attempts) - 1]]
+        for job in jobs:
+            job["path"].write_bytes(b"image")
+        return []
+    return render, attempts
+
+
+def test_a_render_the_browser_fails_once_is_retried_in_a_fresh_launch(tmp_path, monkeypatch) -> None:
+    """Headless Chromium now and then fails a render under load; the export tries the empty ones once
+    more before it falls back to HTML, and a second failure still falls back, saying why."""
+    from analysis import export
+    monkeypatch.setattr(export, "find_browser", lambda: "/usr/bin/chromium")
+    render, attempts = _flaky_renderer({0: RuntimeError("JavascriptError: Uncaught")})
+    monkeypatch.setattr(export, "_kaleido_write", render)
+    figs = {"a": go.Figure(), "b": go.Figure()}
+    result = export.write_figures(figs, tmp_path / "once", ("png", "pdf"))
+    assert len(attempts) == 2 and attempts[1] == attempts[0]
+    assert not result.messages and sorted(p.name for p in result.written) == ["a.pdf", "a.png", "b.pdf", "b.png"]
+    render, attempts = _flaky_renderer({0: RuntimeError("Uncaught"), 1: RuntimeError("Uncaught again")})
+    monkeypatch.setattr(export, "_kaleido_write", render)
+    result = export.write_figures(figs, tmp_path / "twice", ("png",))
+    assert len(attempts) == 2 and "Uncaught again" in result.messages[0]
+    assert sorted(p.name for p in result.written if p.suffix == ".html") == ["a.html", "b.html"]
+
+
+def test_a_failed_file_write_is_not_retried(tmp_path, monkeypatch) -> None:
+    """A full disk stays full: one attempt, and the error names the directory."""
+    import errno
+    from analysis import export
+    from eagle.records.files import WriteError
+    monkeypatch.setattr(export, "find_browser", lambda: "/usr/bin/chromium")
+    render, attempts = _flaky_renderer({0: OSError(errno.ENOSPC, "No space left on device")})
+    monkeypatch.setattr(export, "_kaleido_write", render)
+    with pytest.raises(WriteError, match="No space left"):
+        export.write_figures({"a": go.Figure()}, tmp_path, ("png",))
+    assert len(attempts) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_calibration_has_wilson_intervals_and_a_minimum_count() -> None:
     """Bin [0.2, 0.3): 12 nodes, 3 accepted; bin [0.7, 0.8): 4 nodes, 4 accepted. With min_count 5 the
     small bin stays in the table (marked) but leaves the ECE and the curve."""
