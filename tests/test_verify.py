@@ -16,6 +16,7 @@ from eagle.core.verify import (
     accept_greedy,
     accept_sampling_dynamic,
     accept_sampling_static,
+    row_argmax,
     process_logits,
     sample_children_without_replacement,
 )
@@ -120,7 +121,7 @@ def test_greedy_matches_brute_force(case: tuple[Tree, torch.Tensor]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(small_token_trees(), st.integers(0, 2**31 - 1))
 def test_the_decoders_one_pass_acceptance_equals_argmax_and_softmax(case: tuple[Tree, torch.Tensor], seed: int) -> None:
-    """greedy_accept (argmax and log-sum-exp from one max pass) accepts exactly what accept_greedy does, ties
+    """greedy_accept (a two-pass argmax, then log_softmax) accepts exactly what accept_greedy does, ties
     included (small integer logits tie often: both take the lowest id), and its p(token | parent) is the softmax's."""
     tree, _ = case
     logits = torch.randint(-2, 3, (tree.num_nodes, 3), generator=torch.Generator().manual_seed(seed)).float()
@@ -128,6 +129,21 @@ def test_the_decoders_one_pass_acceptance_equals_argmax_and_softmax(case: tuple[
     assert (accepted, bonus) == accept_greedy(tree, logits)
     parents = tree.parents.clamp(min=0)
     assert torch.allclose(probs, logits.softmax(-1)[parents, tree.tokens], atol=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.sampled_from([7, 128, 256, 1000, 1536, 4096, 4099]), st.integers(-3, 3),
+       st.integers(0, 2**31 - 1), st.booleans())
+def test_row_argmax_is_argmax_ties_and_nan_included(rows: int, vocab: int, spread: int, seed: int, nan: bool) -> None:
+    """The two-pass argmax (block maxima, then inside the first block holding the maximum) is argmax's
+    first maximum for every row: small integer scores tie across blocks, a NaN wins as in argmax, and a
+    vocabulary with no block width (7, 4099: prime) takes the plain pass."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-3, 4 + spread, (rows, vocab), generator=gen).float()
+    if nan:
+        scores.view(-1)[torch.randint(0, rows * vocab, (2,), generator=gen)] = float("nan")
+    assert torch.equal(row_argmax(scores, block=256), scores.argmax(-1))
+    assert torch.equal(row_argmax(scores), scores.argmax(-1))
 
 
 # ---------------------------------------------------------------- toy world for sampling

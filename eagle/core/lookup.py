@@ -21,9 +21,12 @@ def find_continuation(context: np.ndarray, length: int, ngram_max: int = NGRAM_M
     `context` (L,) of ngram_max..ngram_min tokens; [] when no such suffix recurs."""
     n_ctx = context.shape[0]
     for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
-        # windows starting at 0 .. L-1-n: every occurrence but the suffix itself, each followed by a token
-        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # (L-n, n)
-        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))
+        last = n_ctx - n  # where the suffix starts; every earlier window starts at 0 .. last - 1
+        # one comparison per n-gram position, not a (L, n) window view: a few microseconds a round
+        match = context[:last] == context[last]
+        for j in range(1, n):
+            match &= context[j:last + j] == context[last + j]
+        hits = np.flatnonzero(match)
         if hits.size:
             start = int(hits[-1]) + n
             return context[start:start + length].tolist()
