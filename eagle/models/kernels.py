@@ -1,15 +1,17 @@
-"""The projections' kernel per precision, where this CPU runs a faster one than torch's default: fp32
-through oneDNN with prepacked weights, bf16 through the AVX2 kernel of eagle.models.cpukernel on CPUs
-without bf16 instructions.
+"""The projections' kernel per precision, where this CPU runs a faster one than torch's default: oneDNN with
+prepacked weights for fp32, and for bf16 where oneDNN has native bf16 (AVX512_BF16, AMX); the AVX2 kernel of
+eagle.models.cpukernel for bf16 on CPUs without bf16 instructions.
 
 torch's default fp32 Linear on x86 builds is MKL's sgemm. On an AVX2 AMD EPYC (Zen 3, 2026-12-06) a projection
 of 2-16 rows took twice to three times what oneDNN's kernel on a prepacked weight takes (the lm_head at 8
 rows: 21.9 against 6.5 ms; `scripts/linear_kernels.py`), so every verify of a tree cost about twice a
-one-token step (t(2) 88 ms, t(1) 54) and no tree could pay. `--dtype auto` times both kernels once per
-machine when it runs fp32 and keeps the faster (cached like the dtype choice); an explicit `--dtype float32`
-stays torch's default path, the reference the token-for-token tests run in. The same op serves
-torch.compile's CPU backend (`torch.ops.mkldnn._linear_pointwise`). bf16 likewise: auto times torch's
-bf16 Linear against the AVX2 kernel (only where oneDNN has no native bf16) and keeps the faster."""
+one-token step (t(2) 88 ms, t(1) 54) and no tree could pay. torch's default bf16 Linear is oneDNN too, but
+on an unpacked weight: on an AMD EPYC Zen 5 with AVX512_BF16 (2026-12-07, 2 threads) the same product on a
+prepacked bf16 weight took a third to a half of its time (1-4 rows of 576 x 1536: 30-39 against 66-93 us),
+SmolLM2-135M's t(8) 34 against 49 ms. `--dtype auto` times each precision's two kernels once per machine and
+keeps the faster (cached like the dtype choice); an explicit `--dtype float32` stays torch's default path,
+the reference the token-for-token tests run in. The same op serves torch.compile's CPU backend
+(`torch.ops.mkldnn._linear_pointwise`)."""
 from __future__ import annotations
 
 import copy
@@ -23,14 +25,14 @@ from .cpukernel import Bf16Linear
 from .precision import DTYPE_PROBE_NS, DTYPES, cached_choice, decide_dtype, dtype_name, forward_job, machine_key
 from .target import Target
 
-KERNELS: dict[str, tuple[str, ...]] = {"float32": ("default", "onednn"), "bfloat16": ("default", "avx2")}
+KERNELS: dict[str, tuple[str, ...]] = {"float32": ("default", "onednn"), "bfloat16": ("default", "avx2", "onednn")}
 
 
 class PackedLinear(nn.Linear):
-    """An fp32 nn.Linear whose forward runs oneDNN on a prepacked copy of its weight; `weight` stays the
-    same Parameter (a tied embedding, the draft head's scoring rows and weight hashes read it). For
-    inference: a weight changed in place is not seen, a cast (.to) packs again (or, off fp32 on the CPU,
-    runs as a plain nn.Linear)."""
+    """An fp32 (or, where oneDNN has native bf16, a bf16) nn.Linear whose forward runs oneDNN on a prepacked
+    copy of its weight; `weight` stays the same Parameter (a tied embedding, the draft head's scoring rows
+    and weight hashes read it). For inference: a weight changed in place is not seen, a cast (.to) packs
+    again (or, to a precision oneDNN does not pack here, runs as a plain nn.Linear)."""
     rows_hint = 8  # the layout is chosen for this many rows; any row count runs on it
 
     @classmethod
@@ -62,14 +64,16 @@ class PackedLinear(nn.Linear):
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's layout of an fp32 CPU weight (None for any other: it runs as torch's Linear)."""
+    """oneDNN's layout of a CPU weight it packs (None for any other: it runs as torch's Linear)."""
     if not _packable(weight):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PackedLinear.rows_hint)
 
 
 def _packable(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.float32 and weight.device.type == "cpu"
+    """fp32 on the CPU, and bf16 where oneDNN multiplies bf16 natively (elsewhere it emulates it)."""
+    return weight.device.type == "cpu" and (weight.dtype == torch.float32
+                                            or weight.dtype == torch.bfloat16 and native_bf16())
 
 
 def onednn_available() -> bool:
@@ -78,12 +82,14 @@ def onednn_available() -> bool:
 
 def fast_kernel(dtype: str) -> str | None:
     """The kernel worth timing against torch's default for this precision here, or None: oneDNN for
-    fp32; for bf16 the AVX2 kernel where oneDNN has no native bf16 (and the kernel compiles)."""
+    fp32; for bf16 oneDNN where it has native bf16, else the AVX2 kernel (where it compiles)."""
     if dtype == "float32":
         return "onednn" if onednn_available() else None
-    if dtype == "bfloat16" and not native_bf16() and cpukernel.available():
-        return "avx2"
-    return None
+    if dtype != "bfloat16":
+        return None
+    if native_bf16():
+        return "onednn" if onednn_available() else None
+    return "avx2" if cpukernel.available() else None
 
 
 def native_bf16() -> bool:
@@ -101,8 +107,8 @@ def missing_kernel_note() -> str | None:
 
 
 def use_kernel(model: nn.Module, kernel: str) -> int:
-    """Every nn.Linear under `model` that `kernel` can run ("onednn": fp32, "avx2": bf16) wrapped to
-    run on it, in place; returns how many."""
+    """Every nn.Linear under `model` that `kernel` can run ("onednn": fp32, and bf16 where native; "avx2":
+    bf16) wrapped to run on it, in place; returns how many."""
     kind, fits = {"onednn": (PackedLinear, _packable), "avx2": (Bf16Linear, cpukernel.runs_on_kernel)}[kernel]
     count = 0
     for name, child in model.named_children():  # a projection on the other kernel (a cast head) moves over
@@ -115,7 +121,7 @@ def use_kernel(model: nn.Module, kernel: str) -> int:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Every fp32 CPU nn.Linear under `model` as a PackedLinear, in place; returns how many."""
+    """Every nn.Linear under `model` that oneDNN packs here as a PackedLinear, in place; returns how many."""
     return use_kernel(model, "onednn")
 
 
@@ -134,6 +140,12 @@ def pack_beside(target: Target, module: nn.Module) -> int:
     weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
     kernel = fast_kernel(dtype_name(weights[0].dtype)) if weights else None
     return use_kernel(module, kernel) if kernel else 0
+
+
+def fast_kernels_tag() -> str:
+    """Which fast kernel each precision has here, for a cache key whose timings ran on them (the head's
+    precision choice: a bf16 head timed on torch's kernel says nothing of one on oneDNN's)."""
+    return ",".join(f"{d}-{fast_kernel(d) or 'default'}" for d in ("float32", "bfloat16"))
 
 
 def linear_kernel(target: Target) -> str:
@@ -162,7 +174,7 @@ def measure_kernels(target: Target, dtype: str = "float32", repeats: int = 15) -
     """Median ms of a one-token and an 8-token forward in `dtype` on torch's default kernel and on its
     fast one, interleaved; `target` itself is left as it is (the fast kernel runs on a copy)."""
     copies = {}
-    for kernel in KERNELS[dtype]:
+    for kernel in ("default", fast_kernel(dtype)):
         if kernel == "default" and target.dtype == DTYPES[dtype]:
             copies[kernel] = target  # as loaded: no copy
             continue

@@ -9,7 +9,7 @@ target; a dtype name is taken as given. An fp32 head follows the target's fp32 k
 from __future__ import annotations
 
 from ..models.head import AnyHead, cast_head, head_dtype, head_shape
-from ..models.kernels import kernel_tag, pack_beside
+from ..models.kernels import fast_kernels_tag, kernel_tag, pack_beside
 from ..models.precision import CPU_DTYPES, DTYPES, cached_choice, machine_key
 from ..models.target import Target
 from .budget.costs import time_head_dtypes
@@ -20,7 +20,8 @@ HEAD_DTYPE_CHOICES = ("auto", "target", *DTYPES)
 def choose_head_dtype(target: Target, head: AnyHead, refresh: bool = False) -> dict:
     """The faster of fp32 and bf16 for this head's drafting on this CPU, cached per target, head shape
     and machine: {"chosen", "ms": {dtype: {"draft": ms}}, "reason", "file"}."""
-    key = f"head|{target.name}|{head_shape(head)}{kernel_tag(target)}|{machine_key(target.device)}"
+    beside = f"|{fast_kernels_tag()}" if kernel_tag(target) else ""  # the kernels pack_beside gives each copy
+    key = f"head|{target.name}|{head_shape(head)}{kernel_tag(target)}{beside}|{machine_key(target.device)}"
     return cached_choice(key, lambda: time_head_dtypes(target, head, CPU_DTYPES), _reason, refresh)
 
 
