@@ -157,6 +157,11 @@ def test_verify_cost_interpolates():
     scaled = replace(hosted, verify_scale_tree=1.5, verify_scale_plain=2.0)
     assert scaled.round_cost(4, 2, 1) == pytest.approx(1.5 * 4.0 + 2.0 + 0.25 + 0.125)
     assert scaled.t_plain() == pytest.approx(2.0 * 1.0 + 0.0625) and Costs.from_json(scaled.to_json()) == scaled
+    # a real round's drafting over the probes' scales the draft and its overhead, per depth (not a constant)
+    cold = replace(hosted, draft_scale=1.5)
+    assert cold.round_cost(4, 2, 1) == pytest.approx(4.0 + 1.5 * (2.0 + 0.25) + 0.125)
+    assert cold.round_cost(4, 4, 1) - cold.round_cost(4, 2, 1) == pytest.approx(1.5 * 2 * 0.5)
+    assert cold.t_plain() == hosted.t_plain() and Costs.from_json(cold.to_json()) == cold
     longer = Costs("k", {1: 1.0, 8: 6.0}, {"1/0": (1.0, 0.5)}, 0.25,
                    verify_by_context={192: {1: 1.0, 8: 6.0}, 1024: {1: 2.0, 8: 10.0}})
     assert longer.t_verify(8) == longer.t_verify(8, 192) == pytest.approx(6.0)
@@ -214,7 +219,7 @@ def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch
     monkeypatch.setattr(budget_costs._DecodeTerms, "add", add)
     chosen = {"total_tokens": 4, "depth": 1, "top_k": 2, "draft_vocab": 0}
     hosted = budget_costs.host_terms(target, head, costs, chosen, [[1, 2, 3], [4, 5]], max_new_tokens=12)
-    assert hosted.verify_scale_tree > 0 and hosted.verify_scale_plain > 0
+    assert hosted.verify_scale_tree > 0 and hosted.verify_scale_plain > 0 and hosted.draft_scale > 0
     for start in [i for i, (_, step, _) in enumerate(seen) if step == 0 and seen[i][0] == "dynamic"]:
         made = {"dynamic": 0, "vanilla": 0}
         for mode, step, n in seen[start:]:
@@ -224,6 +229,31 @@ def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch
             made[mode] += n
         assert made == {"dynamic": 12, "vanilla": 12}
     assert sum(1 for mode, _, _ in seen if mode == "vanilla") == 2 * 12  # every plain token: prefill + 11 rounds
+
+
+def test_host_terms_price_a_rounds_drafting_apart_from_its_host_work() -> None:
+    """The draft scale is the rounds' drafting (draft steps, consume, commit) over the probes' draft and
+    overhead; the host term is what is left outside verify, acceptance and drafting; a plain round's commit
+    is host work (it drafts nothing)."""
+    costs = Costs("k", {1: 0.010, 4: 0.020}, {"2/0": (0.001, 0.002)}, overhead=0.0005)
+    tree = DecodeConfig(mode="dynamic", total_tokens=4, depth=1, top_k=2)
+    terms = budget_costs._DecodeTerms(costs, tree)
+
+    def step(i: int, kept: int, timings: dict) -> StepRecord:
+        nodes = [NodeRecord(j, j - 1, j, 5, "t", 1.0, 1.0, 0, j < kept, j == 0, None) for j in range(max(kept, 1))]
+        return StepRecord(step=i, mode="dynamic", nodes=nodes, accepted=[0], bonus_token=1, bonus_text="t",
+                          new_tokens=[1], new_text="t", accept_length=1, timings=timings, finished=None)
+    terms.add(step(0, 0, {"prefill": 0.05}), 10)
+    terms.add(step(1, 4, {"draft.0": 0.002, "draft.1": 0.004, "tree": 0.001, "verify": 0.020, "accept": 0.002,
+                          "commit": 0.0005, "consume": 0.0015, "record": 0.001}), 10)
+    scale, host, draft = terms.result()
+    assert scale == pytest.approx(0.022 / 0.020)
+    assert draft == pytest.approx(0.008 / (0.001 + 1 * 0.002 + 0.0005))  # 8 ms drafted where the probes say 3.5
+    assert host == pytest.approx(0.002)  # tree + record
+    plain = budget_costs._DecodeTerms(costs, tree.with_(mode="vanilla"))
+    plain.add(step(0, 0, {"prefill": 0.05}), 10)
+    plain.add(step(1, 1, {"tree": 0.0002, "verify": 0.010, "accept": 0.0003, "commit": 0.0004, "record": 0.0001}), 10)
+    assert plain.result()[1] == pytest.approx(0.0007) and plain.result()[2] == 1.0
 
 
 def test_a_cache_timed_under_load_is_stale():

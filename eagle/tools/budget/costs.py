@@ -54,6 +54,7 @@ HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 round
 # a 5-node verify 4-5 % above a 4-node one; at 15 passes the same probe rose 0.8-6 ms a size.
 REPEATS = 11
 COSTS_VERSION = 7
+DRAFT_PHASES = ("consume", "commit")  # with the draft.i steps: what t_draft + overhead model
 
 
 # ---- measured costs ---------------------------------------------------------------------------
@@ -74,6 +75,12 @@ class Costs:
     # (on the 2-core EPYC, 2026-12-06: 54.6 ms a real 8-node verify against the probe's 49.3).
     verify_scale_tree: float = 1.0
     verify_scale_plain: float = 1.0
+    # A real round's drafting (draft steps, consume, commit) over the probes' (host_terms): the probes time
+    # the head warm, repeated; in a round it runs right after the target's verify has pushed its weights out
+    # of the caches (2026-12-07, AMD EPYC Zen 5, bf16: a draft step of 4 x 16,384 took 2.1-2.3 ms a round
+    # against the probe's 1.44). A constant host term priced that excess the same for every depth and draft
+    # vocabulary, so deeper and wider drafts looked cheaper than they run.
+    draft_scale: float = 1.0
 
     def t_verify(self, n: float, context: int | None = None) -> float:
         """Piecewise-linear in n (and in the context length, when measured at several)."""
@@ -100,7 +107,8 @@ class Costs:
             share = min(1.0, lookup_share) if lookup_share > 0 else 1.0
             verify = (1 - share) * verify + share * self.t_verify(n + lookup_nodes / share, context)
         verify *= self.verify_scale_tree
-        round_s = verify + self.t_draft(depth, top_k, vocab) + self.overhead + self.host_tree
+        drafting = self.draft_scale * (self.t_draft(depth, top_k, vocab) + self.overhead)
+        round_s = verify + drafting + self.host_tree
         return max(round_s, 0.5 * verify)  # a negative host term: a sanity floor
 
     def t_plain(self, context: int | None = None) -> float:
@@ -123,7 +131,8 @@ class Costs:
                    {k: (float(v[0]), float(v[1])) for k, v in d["draft"].items()}, float(d["overhead"]),
                    d.get("meta", {}), by_context, {int(k): float(v) for k, v in d.get("prefill", {}).items()},
                    float(d.get("host_tree", 0.0)), float(d.get("host_plain", 0.0)),
-                   float(d.get("verify_scale_tree", 1.0)), float(d.get("verify_scale_plain", 1.0)))
+                   float(d.get("verify_scale_tree", 1.0)), float(d.get("verify_scale_plain", 1.0)),
+                   float(d.get("draft_scale", 1.0)))
 
     def covers(self, ns: tuple[int, ...], top_ks: tuple[int, ...], vocabs: tuple[int, ...],
                contexts: tuple[int, ...] = ()) -> bool:
@@ -162,7 +171,8 @@ COSTS_KINDS = {"version": "int", "key": "str", "verify": "dict", "draft": "dict"
 # the host terms are signed: a real round may cost less than the probes' sum (a probe runs cold where a
 # decode reuses a warm buffer), and the model then subtracts the difference
 COSTS_OPTIONAL = {"meta": "dict", "verify_by_context": "dict", "prefill": "dict", "host_tree": "num",
-                  "host_plain": "num", "verify_scale_tree": "positive", "verify_scale_plain": "positive"}
+                  "host_plain": "num", "verify_scale_tree": "positive", "verify_scale_plain": "positive",
+                  "draft_scale": "positive"}
 
 
 def check_costs(d: dict, path: str | Path, what: str = "costs") -> dict:
@@ -388,20 +398,22 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
                 continue
             terms[name].add(step, len(ids))
             produced[name] += len(step.new_tokens)
-    (scale_tree, host_tree), (scale_plain, host_plain) = terms["tree"].result(), terms["plain"].result()
+    (scale_tree, host_tree, draft_scale), (scale_plain, host_plain, _) = (terms[k].result() for k in ("tree", "plain"))
     return replace(base, host_tree=host_tree, host_plain=host_plain, verify_scale_tree=scale_tree,
-                   verify_scale_plain=scale_plain)
+                   verify_scale_plain=scale_plain, draft_scale=draft_scale)
 
 
 class _DecodeTerms:
-    """(verify scale, host seconds per round) of real decodes with one config, every round modelled at
-    its own tree size and context length. The scale is a ratio of sums over all rounds (a mean, as
-    throughput is), so one slow round moves it little; the host term is what the rounds spend outside
-    their verify and acceptance beyond the modelled draft and overhead."""
+    """(verify scale, host seconds per round, draft scale) of real decodes with one config, every round
+    modelled at its own tree size and context length. The scales are ratios of sums over all rounds (a mean,
+    as throughput is), so one slow round moves them little: the verify's (with acceptance) over the probe's
+    t(n), the drafting's (draft steps, consume, commit) over the probes' draft and overhead. The host term
+    is what the rounds spend outside their verify, acceptance and drafting."""
 
     def __init__(self, costs: Costs, cfg: DecodeConfig) -> None:
         self.costs, self.cfg = costs, cfg
         self.real, self.modelled, self.extra = 0.0, 0.0, []
+        self.draft_real, self.draft_modelled = 0.0, 0.0
         self.context = 0
 
     def add(self, s: StepRecord, prompt_tokens: int) -> None:
@@ -414,10 +426,16 @@ class _DecodeTerms:
             verify = s.timings.get("verify", 0.0) + s.timings.get("accept", 0.0)
             probe = costs.t_verify(n, self.context)
             self.real, self.modelled = self.real + verify, self.modelled + probe
-            outside = costs.round_cost(n, cfg.depth, cfg.top_k, cfg.draft_vocab, self.context) - probe
-            self.extra.append(sum(s.timings.values()) - verify - outside)
+            drafting = 0.0
+            if n > 1:  # a drafted round (a 1-node one is plain decoding: its commit is host work)
+                drafting = sum(t for phase, t in s.timings.items()
+                               if phase in DRAFT_PHASES or phase.startswith("draft."))
+                self.draft_real += drafting
+                self.draft_modelled += costs.t_draft(cfg.depth, cfg.top_k, cfg.draft_vocab) + costs.overhead
+            self.extra.append(sum(s.timings.values()) - verify - drafting)
         self.context += len(s.new_tokens)
 
-    def result(self) -> tuple[float, float]:
+    def result(self) -> tuple[float, float, float]:
         scale = self.real / self.modelled if self.real > 0 and self.modelled > 0 else 1.0
-        return scale, float(np.mean(self.extra)) if self.extra else 0.0
+        draft = self.draft_real / self.draft_modelled if self.draft_real > 0 and self.draft_modelled > 0 else 1.0
+        return scale, float(np.mean(self.extra)) if self.extra else 0.0, draft
