@@ -15,6 +15,7 @@ the reference the token-for-token tests run in. The same op serves torch.compile
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
@@ -73,7 +74,7 @@ def _pack(weight: torch.Tensor) -> torch.Tensor | None:
 def _packable(weight: torch.Tensor) -> bool:
     """fp32 on the CPU, and bf16 where oneDNN multiplies bf16 natively (elsewhere it emulates it)."""
     return weight.device.type == "cpu" and (weight.dtype == torch.float32
-                                            or weight.dtype == torch.bfloat16 and native_bf16())
+                                            or weight.dtype == torch.bfloat16 and native_bf16() and _packs_bf16())
 
 
 def onednn_available() -> bool:
@@ -88,8 +89,21 @@ def fast_kernel(dtype: str) -> str | None:
     if dtype != "bfloat16":
         return None
     if native_bf16():
-        return "onednn" if onednn_available() else None
+        return "onednn" if onednn_available() and _packs_bf16() else None
     return "avx2" if cpukernel.available() else None
+
+
+@functools.cache
+def _packs_bf16() -> bool:
+    """oneDNN packs and multiplies a bf16 weight here (checked once on a tiny one): a build or CPU where
+    it cannot then keeps bf16 on torch's kernel instead of failing a load."""
+    try:
+        weight = torch.ones(8, 8, dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool((out == 8).all())
 
 
 def native_bf16() -> bool:
