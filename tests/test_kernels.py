@@ -239,3 +239,18 @@ def test_a_precision_cache_timed_under_load_is_measured_again_on_load(tmp_path, 
     assert "measured again: the cached timings were made under load" in out.out + out.err
     assert cli.main(flags) == 0 and "dtype: bfloat16" in capsys.readouterr().out  # the new cache stands
     assert timed == ["head", "head"]
+
+
+def test_bf16_is_not_offered_packed_where_onednn_cannot_pack_it(monkeypatch):
+    """A build or CPU whose oneDNN refuses a bf16 weight keeps bf16 on torch's kernel (nothing packs it, no
+    load fails); the check runs once."""
+    def refuse(*args):
+        raise RuntimeError("could not create a primitive descriptor")
+    kernels._packs_bf16.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    monkeypatch.setattr(kernels, "native_bf16", lambda: True)
+    try:
+        assert kernels.fast_kernel("bfloat16") is None
+        assert PackedLinear.of(torch.nn.Linear(8, 8).to(torch.bfloat16)).packed is None
+    finally:
+        kernels._packs_bf16.cache_clear()
