@@ -60,10 +60,11 @@ def _check_parent_array(parents: torch.Tensor) -> None:
 def ancestor_mask(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
     """(N, N) bool: mask[i, j] is True iff j is i itself or an ancestor of i.
 
-    Works for any forest (several -1 entries allowed), in any node order. One vectorised
-    parent lookup per level, so the cost is O(max_depth * N). Given `max_depth` (a bound the
-    caller guarantees, e.g. the decoder's draft depth), the input is trusted: no checks and no
-    value read back to the host (the decoder's hot path; tests check it builds the checked mask).
+    Works for any forest (several -1 entries allowed), in any node order. Checked: one vectorised
+    parent lookup per level until every node has reached its root. Given `max_depth` (a bound the
+    caller guarantees, e.g. the decoder's draft depth), the input is trusted: no checks, no value
+    read back to the host, ceil(log2(max_depth)) squarings (the decoder's hot path; tests check it
+    builds the checked mask).
     """
     n = parents.numel()
     rows = torch.arange(n, device=parents.device)

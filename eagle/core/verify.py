@@ -87,8 +87,8 @@ def _block_width(vocab: int, block: int) -> int | None:
 
 
 def accept_greedy_tokens(tree: Tree, greedy: torch.Tensor) -> tuple[list[int], int]:
-    """accept_greedy given the target's argmax after each node, greedy (N,) (the decoder takes it from
-    the same pass that gives the trace's log-sum-exp its row maxima)."""
+    """accept_greedy given the target's argmax after each node, greedy (N,) (the decoder's greedy_accept
+    takes it from row_argmax)."""
     paths = tree.retrieve  # (L, D+1)
     child, parent = paths[:, 1:], paths[:, :-1]  # (L, D)
     match = (child >= 0) & (tree.tokens[child.clamp(min=0)] == greedy[parent.clamp(min=0)])
