@@ -16,8 +16,8 @@ from eagle.core.verify import (
     accept_greedy,
     accept_sampling_dynamic,
     accept_sampling_static,
-    row_argmax,
     process_logits,
+    row_argmax,
     sample_children_without_replacement,
 )
 
@@ -120,7 +120,7 @@ def test_greedy_matches_brute_force(case: tuple[Tree, torch.Tensor]) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(small_token_trees(), st.integers(0, 2**31 - 1))
-def test_the_decoders_one_pass_acceptance_equals_argmax_and_softmax(case: tuple[Tree, torch.Tensor], seed: int) -> None:
+def test_the_decoders_greedy_acceptance_equals_argmax_and_softmax(case: tuple[Tree, torch.Tensor], seed: int) -> None:
     """greedy_accept (a two-pass argmax, then log_softmax) accepts exactly what accept_greedy does, ties
     included (small integer logits tie often: both take the lowest id), and its p(token | parent) is the softmax's."""
     tree, _ = case

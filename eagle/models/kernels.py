@@ -74,7 +74,7 @@ def _pack(weight: torch.Tensor) -> torch.Tensor | None:
 def _packable(weight: torch.Tensor) -> bool:
     """fp32 on the CPU, and bf16 where oneDNN multiplies bf16 natively (elsewhere it emulates it)."""
     return weight.device.type == "cpu" and (weight.dtype == torch.float32
-                                            or weight.dtype == torch.bfloat16 and native_bf16() and _packs_bf16())
+                                            or weight.dtype == torch.bfloat16 and onednn_bf16())
 
 
 def onednn_available() -> bool:
@@ -89,8 +89,13 @@ def fast_kernel(dtype: str) -> str | None:
     if dtype != "bfloat16":
         return None
     if native_bf16():
-        return "onednn" if onednn_available() and _packs_bf16() else None
+        return "onednn" if onednn_available() and onednn_bf16() else None
     return "avx2" if cpukernel.available() else None
+
+
+def onednn_bf16() -> bool:
+    """oneDNN runs bf16 natively here and packs a bf16 weight: where bf16 projections run packed."""
+    return native_bf16() and _packs_bf16()
 
 
 @functools.cache
