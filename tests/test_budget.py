@@ -85,18 +85,19 @@ def test_replay_walks_the_reply_with_the_lookup_branch():
         return AcceptModel([s for g in generations for s in g], {0: None}, ns=(4,), depths=(2,), top_ks=(2,),
                            lookup_tokens=6)
     walk = model(_generation([0, 4, 7], {0: (5, 4), 9: (5, 0)}, 10))
-    # at 0: the copy offers 5, 4 match (> 3 drafted): accept 5, the branch becomes 4 + 1 = 5 long; at 5 nothing
+    # at 0: the copy offers 5, 4 match (> 3 drafted): accept 5; at 5 nothing
     # recurs: the head's 4 (the round recorded at 4 stands in), no branch; at 9: a copy of 5 missing at once
     # loses to the head: accept 4; the reply ends at 10. A long copy is one round, not one per recorded round.
     assert walk(4, 2, 2) == pytest.approx((5 + 4 + 4) / 3)
     assert walk.lookup_nodes(4, 2, 2) == pytest.approx((5 + 0 + 5) / 3)
     assert walk.lookup_share(4, 2, 2) == pytest.approx(2 / 3)  # the round at 5 verified no branch
     tie = model(_generation([0, 4, 8], {0: (3, 3), 4: (9, 9)}, 10))
-    # a copy only as long as the head's path is not taken (acceptance keeps the head's): the branch shrinks to 1
-    assert tie(4, 2, 2) == pytest.approx(4) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 1 + 0) / 3)
-    assert tie.lookup_share(4, 2, 2) == pytest.approx(2 / 3)
+    # a copy only as long as the head's path is not taken (acceptance keeps the head's): accept 4; the next
+    # branch still offers its longest, 6 of the 9 (a branch does not shrink after a miss): accept 7, the end
+    assert tie(4, 2, 2) == pytest.approx((4 + 7) / 2) and tie.lookup_nodes(4, 2, 2) == pytest.approx((3 + 6) / 2)
+    assert tie.lookup_share(4, 2, 2) == pytest.approx(1)
     restart = model(_generation([0], {0: (3, 3)}, 2), _generation([0], {0: (9, 9)}, 7))
-    assert restart(4, 2, 2) == pytest.approx((4 + 7) / 2)  # a new generation starts its branch at 6 again
+    assert restart(4, 2, 2) == pytest.approx((4 + 7) / 2)  # each generation walks its own reply
     plain = AcceptModel(_generation([0, 4, 7], {0: (5, 4)}, 10), {0: None}, ns=(4,), depths=(2,), top_ks=(2,))
     assert plain(4, 2, 2) == 4 and plain.lookup_nodes(4, 2, 2) == 0  # no branch: the copies are unused
     again = AcceptModel.from_json(json.loads(json.dumps(walk.to_json())))

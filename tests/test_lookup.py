@@ -11,7 +11,7 @@ from eagle.core.config import DecodeConfig, SettingError
 from eagle.core.decode import Decoder, generate
 from eagle.core.prompt import encode_prompt
 from eagle.frames import nodes_frame
-from eagle.core.lookup import ContextTokens, find_continuation, next_length
+from eagle.core.lookup import ContextTokens, find_continuation
 from eagle.records.trace import Trace, read_trace, write_trace
 from eagle.tools.session import Session
 from analysis.tables import calibration_sample, depth_rank_table
@@ -45,11 +45,6 @@ def test_continuation_copies_after_the_latest_match_and_needs_two_tokens():
     assert find_continuation(np.array([7]), 3) == []
 
 
-def test_branch_length_grows_on_a_full_take_and_shrinks_on_a_miss():
-    assert next_length(4, 4, 10) == 6 and next_length(9, 9, 10) == 10
-    assert next_length(6, 2, 10) == 3 and next_length(6, 0, 10) == 1
-
-
 def test_context_buffer_grows_past_its_capacity():
     ctx = ContextTokens([1, 2], capacity=3)
     ctx.extend([3, 4, 5])
@@ -76,11 +71,15 @@ def test_greedy_with_lookup_equals_vanilla_and_traces_say_which_nodes_were_copie
     assert copied and any(n.accepted for n in copied)  # the reply repeats the prompt: the branch pays
     plain = generate(Decoder(target, trained_head, cfg.with_(lookup_tokens=0)), ids)
     assert gen.tau > plain.tau
+    context = list(ids)
     for step in gen.steps:  # a branch is a chain under the root, its ids after the head's nodes
         branch = [n for n in step.nodes if n.source == "lookup"]
         drafted = [n for n in step.nodes if n.source == "draft"]
         assert [n.depth for n in branch] == list(range(1, len(branch) + 1))
         assert all(n.id > max(d.id for d in drafted) for n in branch)
+        if step.step > 0:  # the whole copy on offer, up to 10, after a miss as after a full take
+            assert [n.token for n in branch] == find_continuation(np.array(context), 10)
+        context += step.new_tokens
     # the trace keeps the source; calibration and the depth x rank table leave copies out
     path = tmp_path / "t.jsonl"
     write_trace(path, [Trace(Session.of(target, trained_head, "shipped").header(COPY_PROMPT, cfg, len(ids)), gen.steps)])

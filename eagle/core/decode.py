@@ -31,7 +31,7 @@ from ..records.stats import tau, tokens_per_second
 from ..models.target import Target
 from ..records.timing import PhaseClock
 from ..records.trace import NodeRecord, StepRecord
-from .lookup import ContextTokens, find_continuation, next_length
+from .lookup import ContextTokens, find_continuation
 from .nodes import Round, TokenTexts, trace_nodes
 from .prompt import check_prompt
 from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
@@ -59,7 +59,6 @@ class DecodeState:
     step: int = 0  # the next record's step number
     text: TextWindow = field(default_factory=TextWindow)  # the reply's text so far (eagle.core.detok.next_text)
     context: ContextTokens | None = None  # prompt + reply so far, for the prompt-lookup branch (None: off)
-    lookup_len: int = 0  # the next prompt-lookup branch's length (eagle.core.lookup.next_length)
 
     def advance(self, record: StepRecord) -> None:
         """After a record: its bonus token is the next root, its tokens count as produced."""
@@ -120,7 +119,6 @@ class Decoder:
                             PhaseClock(tgt.device, sync=self.profile))
         if cfg.lookup_tokens > 0:  # -1 (the budget decides) reaches a Decoder only when no Session resolved it: off
             state.context = ContextTokens(prompt_ids, len(prompt_ids) + cfg.max_new_tokens)
-            state.lookup_len = cfg.lookup_tokens
         return state
 
     def _prefill(self, s: DecodeState, prompt_ids: list[int]) -> StepRecord:
@@ -152,9 +150,6 @@ class Decoder:
         clock.lap("verify")
         accepted, bonus, node_probs = self._accept(s, tree, logits, cand, kept)
         rnd = Round(s.root, cand, kept, tree, accepted, bonus, node_probs, lookup)
-        if lookup:
-            taken = sum(1 for i in accepted if i >= tree.num_nodes - len(lookup))
-            s.lookup_len = int(next_length(len(lookup), taken, self.cfg.lookup_tokens))
         new_tokens = tree.tokens[accepted[1:]].tolist() + [bonus]
         finished = self._finish_reason(new_tokens, s.produced)
         clock.lap("accept")
@@ -175,7 +170,7 @@ class Decoder:
         cand, kept, tokens, parents, levels = self._draft(s, budget)
         room = s.max_len - s.t_cache.length - tokens.numel()
         lookup = [] if s.context is None or room < 1 else \
-            find_continuation(s.context.tokens, min(s.lookup_len, room))
+            find_continuation(s.context.tokens, min(self.cfg.lookup_tokens, room))
         if lookup:
             dev = tokens.device
             first = tokens.numel()  # the branch hangs from the root: node first + j's parent is first + j - 1

@@ -3,10 +3,13 @@ the context's final n-gram (Saxena's prompt lookup decoding, what transformers' 
 and vLLM's `ngram` method draft), added under the root beside the head's tree.
 
 Where a reply copies its prompt (extraction, code edits, quoting) the head's one-token-at-a-time guesses
-fall behind a plain copy; one extra branch of a few nodes costs little to verify, and greedy acceptance
-takes whichever path the target agrees with longest, so the output stays exactly vanilla's. The branch's
-length adapts as transformers' assisted generation does: +2 after a branch the target took whole, down
-to what it took + 1 after a miss, so a context whose n-grams recur by chance costs about one node."""
+fall behind a plain copy; one extra branch costs little to verify, and greedy acceptance takes whichever
+path the target agrees with longest, so the output stays exactly vanilla's. The branch always offers its
+full length, as transformers' and vLLM's prompt lookup do: a copy that resumes after a miss runs long at
+once. (A branch that grew by 2 after a full take and shrank to what was taken + 1 after a miss caught
+only the first tokens of a resumed copy: on MT-bench's first two questions of each category, 128 tokens,
+6/2/4/4096, real decodes interleaved ran 75.0 tok/s with it and 77.7 without, extraction 88.5 -> 99.2,
+roleplay 83.4 -> 104.5; 2026-12-07, AMD EPYC Zen 5, bf16.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -31,12 +34,6 @@ def find_continuation(context: np.ndarray, length: int, ngram_max: int = NGRAM_M
             start = int(hits[-1]) + n
             return context[start:start + length].tolist()
     return []
-
-
-def next_length(proposed: np.ndarray | int, taken: np.ndarray | int, longest: int) -> np.ndarray:
-    """The branch length for the next round after the target took `taken` of `proposed` tokens
-    (elementwise: the budget replay runs it over a grid of budgets at once)."""
-    return np.where(np.equal(taken, proposed), np.minimum(longest, np.add(proposed, 2)), np.maximum(1, np.add(taken, 1)))
 
 
 class ContextTokens:

@@ -4,8 +4,8 @@ a replay reruns EAGLE-2's beam and rerank on the recorded candidates for each sm
 
 With a prompt-lookup branch (eagle.core.lookup) the replay also copies: each recorded round knows its
 context and the greedy continuation that followed, so how far the branch's copy would have matched is
-known exactly; the round accepts the longer of the head's path and the copy, and the branch's length
-adapts from round to round as the decoder's does."""
+known exactly; the round accepts the longer of the head's path and the copy, the branch as long as the
+copy offered, up to the budget's longest, as the decoder verifies it."""
 from __future__ import annotations
 
 import math
@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ...core.config import DecodeConfig
 from ...core.decode import Decoder, generate
 from ...core.prompt import encode_prompt
-from ...core.lookup import find_continuation, next_length
+from ...core.lookup import find_continuation
 from ...models.head import AnyHead
 from ...models.target import Target
 from ...records.questions import load_questions
@@ -228,23 +228,20 @@ def _walk(head: np.ndarray, samples: list[StepSample], longest: int) -> np.ndarr
     """One generation decoded again by every budget with a lookup branch of up to `longest` tokens, as
     the decoder would: from the first recorded round's position, a round accepts the longer of the
     head's path (the recorded round at or before the position stands in for the head there) and the
-    copy offered at the position (known exactly), moves on by what it accepted and adapts the branch.
+    copy offered at the position (known exactly) and moves on by what it accepted.
     head: (S, D, N) the recorded rounds' accept lengths per budget. Returns (4, D, N): the accepted
     tokens, the rounds, the lookup nodes verified and the rounds that verified a branch, summed over
     the generation."""
     copies, starts = samples[0].copies, np.array([s.position for s in samples])
     end, shape = copies.proposed.shape[0] - 1, head.shape[1:]  # the reply's length; (depths, ns)
     rows, cols = np.indices(shape)
-    position, length = np.full(shape, starts[0]), np.full(shape, longest)
+    position = np.full(shape, starts[0])
     out = np.zeros((4, *shape))
     while (active := position < end).any():
         at = np.minimum(position, end)
         drafted = head[np.searchsorted(starts, at, side="right") - 1, rows, cols] - 1
-        offered = copies.proposed[at]
-        proposed, copied = np.minimum(length, offered), np.minimum(length, copies.match[at])
-        taken = np.where(copied > drafted, copied, 0)  # on a tie acceptance keeps the first longest path: the head's
-        accept = 1 + np.maximum(drafted, copied)
-        length = np.where(offered > 0, next_length(proposed, taken, longest), length)  # no branch: it stays
+        proposed, copied = np.minimum(longest, copies.proposed[at]), np.minimum(longest, copies.match[at])
+        accept = 1 + np.maximum(drafted, copied)  # on a tie acceptance keeps the first longest path: the head's
         out += active * np.stack([accept, np.ones(shape), proposed, proposed > 0])
         position = position + np.where(active, accept, 0).astype(np.int64)
     return out
