@@ -13,7 +13,8 @@ from pathlib import Path
 import streamlit as st
 
 from eagle.core.config import ModelLimits
-from eagle.models.head import AnyHead, head_dtype
+from eagle.models.head import AnyHead
+from eagle.models.kernels import head_precision
 from eagle.models.headio import head_identity
 from eagle.tools.loading import ModelSpec, open_pair
 from eagle.tools.session import Session
@@ -221,5 +222,5 @@ def show_head_badge(models: Models) -> None:
                            "are rarely accepted and τ stays near 1.")
     reason, head_reason = models.dtype_reason, models.head_dtype_reason
     st.sidebar.caption(f"Precision in use: **{models.dtype_label}**" + (f" (auto: {reason})" if reason else ""))
-    st.sidebar.caption(f"Head drafts in: **{dtype_name(head_dtype(models.head))}**"
+    st.sidebar.caption(f"Head drafts in: **{head_precision(models.head)}**"
                        + (f" (auto: {head_reason})" if head_reason else ""))

@@ -23,7 +23,7 @@ from .tools.loading import KNOBS_EPILOG, DecodeSettings, add_decode_args, add_mo
     load_pair, model_spec
 from .records.questions import load_questions
 from .models.location import DEFAULT_MODEL
-from .models.head import head_dtype
+from .models.kernels import head_precision
 from .models.precision import device_name, dtype_name
 from .tools.bench.command import main as bench_main
 from .models.layouts import CONVENTIONS, FORMATS, LABELS
@@ -98,13 +98,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _print_result(args: argparse.Namespace, target, cfg: DecodeConfig, result, source: str | None,
-                  head_precision: str | None) -> None:
+                  head_drafts_in: str | None) -> None:
     text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     summary = {"text": text, "new_tokens": len(result.tokens), "seconds": round(result.seconds, 4),
                "tokens_per_second": round(result.tokens_per_second, 3), "mode": cfg.mode,
                "tau": round(result.tau, 4), "target_forwards": result.target_forwards,
                "finished": result.finished, "head": source, "dtype": dtype_name(target.dtype),
-               "head_dtype": head_precision, "config": asdict(cfg)}
+               "head_dtype": head_drafts_in, "config": asdict(cfg)}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -129,10 +129,10 @@ def cmd_budget(args: argparse.Namespace) -> int:
     report = Session(target, head, source).auto_report(refresh=args.refresh)
     if args.json:
         print(json.dumps({**report.to_json(), "dtype": dtype_name(target.dtype), "dtype_report": target.dtype_report,
-                          "head_dtype": dtype_name(head_dtype(head))}))
+                          "head_dtype": head_precision(head)}))
         return 0
     why = target.dtype_report["reason"] if target.dtype_report else f"--dtype {args.dtype}"
-    print(f"dtype: {dtype_name(target.dtype)} ({why}); the head drafts in {dtype_name(head_dtype(head))}")
+    print(f"dtype: {dtype_name(target.dtype)} ({why}); the head drafts in {head_precision(head)}")
     print(f"chosen: {report.chosen}  expected tau {report.expected_accept_length:.2f}, "
           f"{report.expected_speedup:.2f}x {report.vanilla_label} ({report.vanilla_tokens_per_s:.1f} tok/s; "
           f"{report.expected_speedup_same_dtype:.2f}x vanilla {dtype_name(target.dtype)})")

@@ -9,6 +9,8 @@ from eagle import cli
 from eagle.core.config import DecodeConfig
 from eagle.core.decode import Decoder, generate, new_drafter
 from eagle.models.head import cast_head, head_dtype, new_head
+from eagle.models.headio import head_sha256
+from eagle.models.kernels import Int8Linear, head_precision, int8_available, module_kernel
 from eagle.tools import headprecision
 from eagle.tools.budget.costs import cost_key
 from eagle.tools.session import Session
@@ -69,9 +71,9 @@ def test_auto_times_the_head_once_per_machine_and_caches_it(tmp_path, monkeypatc
     why = headprecision.set_head_dtype(target, head, "auto")
     report = headprecision.choose_head_dtype(target, head)
     ms = report["ms"]
-    assert set(ms) == {"float32", "bfloat16"} and all(v["draft"] > 0 for v in ms.values())
+    assert set(ms) == set(headprecision.auto_options()) and all(v["draft"] > 0 for v in ms.values())
     assert report["chosen"] == min(ms, key=lambda d: ms[d]["draft"]) and why == report["reason"]
-    assert head_dtype(head) == getattr(torch, report["chosen"]) and _target_dtypes(target) == {torch.float32}
+    assert head_precision(head) == report["chosen"] and _target_dtypes(target) == {torch.float32}
     calls = []
     monkeypatch.setattr(headprecision, "time_head_dtypes", lambda *a: calls.append(a) or {})
     assert headprecision.set_head_dtype(target, head, "auto") == why and not calls  # read from the cache
@@ -109,3 +111,48 @@ def test_new_heads_keep_the_targets_precision():
     target.model.to(torch.bfloat16)
     head = new_head(target)
     assert head_dtype(head) == torch.bfloat16 and head.embed_tokens is target.model.model.embed_tokens
+
+
+needs_int8 = pytest.mark.skipif(not int8_available(), reason="torch's int8 weight-only kernel does not run here")
+
+
+@needs_int8
+def test_an_int8_linear_multiplies_its_rounded_weights():
+    """One int8 weight and scale per row: the product is x @ (q * scale).T to bf16 rounding, within a
+    percent of the bf16 product; the bf16 Parameter stays (hashes read it); off bf16, or an inner size
+    the kernel does not take, it is torch's Linear."""
+    linear = torch.nn.Linear(48, 80).to(torch.bfloat16)
+    int8 = Int8Linear.of(linear)
+    q, scales = int8.quantized
+    assert int8.weight is linear.weight and q.dtype == torch.int8 and q.abs().max() == 127
+    x = torch.randn(3, 5, 48).to(torch.bfloat16)
+    rounded = (q.float() * scales.float()[:, None]).T
+    torch.testing.assert_close(int8(x).float(), x.float() @ rounded + linear.bias.float(), rtol=2e-2, atol=2e-2)
+    error = (int8(x).float() - linear(x).float()).norm() / linear(x).float().norm()
+    assert error < 0.01
+    assert int8.to(torch.float32).quantized is None
+    torch.testing.assert_close(int8(x.float()), torch.nn.functional.linear(x.float(), int8.weight, int8.bias))
+    assert int8.to(torch.bfloat16).quantized is not None
+    assert Int8Linear.of(torch.nn.Linear(24, 8).to(torch.bfloat16)).quantized is None  # 24 columns: refused
+
+
+@needs_int8
+def test_an_int8_head_decodes_as_vanilla_and_says_so(single_thread):
+    """--head-dtype int8: the bf16 head on int8 weights, its scoring rows too; greedy output stays
+    vanilla's (static and dynamic), the head's version is the bf16 head's (the weights are kept), and the
+    cost key and the trace header name it."""
+    from eagle.core.decode import new_drafter
+    target, head = tiny_pair(vocab=40, eos=None)
+    prompt = [4, 9, 2, 7, 7, 1]
+    vanilla = generate(Decoder(target, None, DecodeConfig(mode="vanilla", max_new_tokens=24)), prompt).tokens
+    _, twin = tiny_pair(vocab=40, eos=None)
+    headprecision.set_head_dtype(target, twin, "bfloat16")
+    headprecision.set_head_dtype(target, head, "int8")
+    assert head_precision(head) == "int8" == module_kernel(head) and head_dtype(head) == torch.bfloat16
+    assert head_sha256(head) == head_sha256(twin) and cost_key(target, head).endswith("|head-int8")
+    assert isinstance(new_drafter(target, head, 64)._project, Int8Linear)
+    for mode in ("dynamic", "static"):
+        cfg = DecodeConfig(mode=mode, max_new_tokens=24, total_tokens=8, depth=3, top_k=3)
+        assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla, mode
+    header = Session.of(target, head, None).header("hi", DecodeConfig(), 2)
+    assert header.meta["head_dtype"] == "int8"

@@ -23,6 +23,7 @@ from torch import nn
 from ..records.timing import time_interleaved
 from . import cpukernel
 from .cpukernel import Bf16Linear
+from .head import AnyHead, cast_head, head_dtype
 from .precision import DTYPE_PROBE_NS, DTYPES, cached_choice, decide_dtype, dtype_name, forward_job, machine_key
 from .target import Target
 
@@ -127,16 +128,90 @@ def missing_kernel_note() -> str | None:
 
 def use_kernel(model: nn.Module, kernel: str) -> int:
     """Every nn.Linear under `model` that `kernel` can run ("onednn": fp32, and bf16 where native; "avx2":
-    bf16) wrapped to run on it, in place; returns how many."""
-    kind, fits = {"onednn": (PackedLinear, _packable), "avx2": (Bf16Linear, cpukernel.runs_on_kernel)}[kernel]
+    bf16; "int8": bf16 with int8 weights) wrapped to run on it, in place; returns how many."""
+    kind, fits = {"onednn": (PackedLinear, _packable), "avx2": (Bf16Linear, cpukernel.runs_on_kernel),
+                  "int8": (Int8Linear, _int8_fits)}[kernel]
     count = 0
     for name, child in model.named_children():  # a projection on the other kernel (a cast head) moves over
-        if type(child) in (nn.Linear, PackedLinear, Bf16Linear) and type(child) is not kind and fits(child.weight):
+        if type(child) in (nn.Linear, PackedLinear, Bf16Linear, Int8Linear) and type(child) is not kind \
+                and fits(child.weight):
             setattr(model, name, kind.of(child))
             count += 1
         else:
             count += use_kernel(child, kernel)
     return count
+
+
+class Int8Linear(nn.Linear):
+    """A bf16 CPU nn.Linear whose forward reads a weight-only int8 copy of its weight, one scale per output
+    row (gpt-fast's int8 weight-only mode; torch's `_weight_int8pack_mm`): half the bytes a bf16 product
+    reads. For the draft head, whose one layer and scoring rows are read cold after every verify (the
+    target's weights have pushed them out of the caches): its drafts only propose, the target verifies
+    every token, so greedy output stays the target's. `weight` stays the bf16 Parameter (hashes and casts
+    read it); after a cast off bf16 it runs as a plain nn.Linear."""
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Int8Linear":
+        return cls.wrapping(linear.weight, linear.bias)
+
+    @classmethod
+    def wrapping(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        """x -> x @ weight.T + bias on int8 weights, for a weight (out, in) that is no nn.Linear's (the
+        draft head's scoring rows)."""
+        wrapped = cls.__new__(cls)
+        nn.Module.__init__(wrapped)
+        wrapped.out_features, wrapped.in_features = weight.shape
+        wrapped.weight, wrapped.bias = weight, bias
+        wrapped.quantized = _quantize_rows(weight)
+        return wrapped
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.quantized = _quantize_rows(self.weight)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is None or x.dtype != torch.bfloat16:
+            return super().forward(x)
+        flat = x.reshape(-1, self.in_features).contiguous()  # (..., in) -> (rows, in)
+        out = torch.ops.aten._weight_int8pack_mm(flat, *self.quantized)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 (out, in), bf16 scales (out,)) with weight ~ int8 * scale per row, symmetric; None for a
+    weight the int8 kernel does not take (it runs as torch's Linear)."""
+    if not _int8_fits(weight):
+        return None
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scales.to(torch.bfloat16)
+
+
+def _int8_fits(weight: torch.Tensor) -> bool:
+    """A bf16 CPU weight whose rows the int8 kernel multiplies correctly: its inner size a multiple of 16
+    (torch 2.13 on an AMD EPYC, 2026-12-07: 8 crashed the process, 24 gave wrong sums; 16-1,536 were exact)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.shape[-1] % 16 == 0 \
+        and int8_available()
+
+
+@functools.cache
+def int8_available() -> bool:
+    """torch's int8 weight-only product runs here and gives the right sums (checked once, on a small
+    product of a shape it takes)."""
+    op = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+    if op is None:
+        return False
+    x = torch.arange(64, dtype=torch.float32).reshape(2, 32) / 64
+    w = (torch.arange(96 * 32) % 7 - 3).reshape(96, 32).to(torch.int8)
+    try:
+        out = op(x.to(torch.bfloat16), w, torch.full((96,), 0.5, dtype=torch.bfloat16)).float()
+    except RuntimeError:
+        return False
+    return bool(torch.allclose(out, 0.5 * x @ w.float().T, rtol=0.02, atol=0.02))
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -146,7 +221,7 @@ def pack_linears(model: nn.Module) -> int:
 
 def wrap_weight(weight: torch.Tensor, kernel: str) -> nn.Module | None:
     """x -> x @ weight.T on `kernel` (the draft head's scoring rows), None on torch's default."""
-    return {"onednn": PackedLinear.wrapping, "avx2": Bf16Linear.wrapping}[kernel](weight) \
+    return {"onednn": PackedLinear.wrapping, "avx2": Bf16Linear.wrapping, "int8": Int8Linear.wrapping}[kernel](weight) \
         if kernel != "default" else None
 
 
@@ -159,6 +234,26 @@ def pack_beside(target: Target, module: nn.Module) -> int:
     weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
     kernel = fast_kernel(dtype_name(weights[0].dtype)) if weights else None
     return use_kernel(module, kernel) if kernel else 0
+
+
+INT8 = "int8"  # a head precision beside the DTYPES names: bf16 activations on int8 weights (Int8Linear)
+
+
+def set_head_precision(target: Target, head: AnyHead, precision: str) -> AnyHead:
+    """`head` (in place) drafting in `precision`: a DTYPES name, on its fast kernel where the target runs
+    on one (pack_beside), or INT8: bf16 on int8 weights where the int8 kernel takes them."""
+    dtype = torch.bfloat16 if precision == INT8 else DTYPES[precision]
+    if dtype != head_dtype(head):
+        cast_head(head, dtype, target.model.model.embed_tokens)
+    pack_beside(target, head)
+    if precision == INT8:
+        use_kernel(head, INT8)
+    return head
+
+
+def head_precision(head: AnyHead) -> str:
+    """What the head drafts in, as --head-dtype names it: "int8" on int8 weights, else its dtype's name."""
+    return INT8 if module_kernel(head) == INT8 else dtype_name(head_dtype(head))
 
 
 def fast_kernels_tag() -> str:
@@ -180,8 +275,10 @@ def kernel_tag(target: Target) -> str:
 
 def module_kernel(module: nn.Module) -> str:
     """"onednn" when `module`'s projections run packed (PackedLinear), "avx2" when they run the AVX2
-    bf16 kernel (Bf16Linear), else "default"."""
+    bf16 kernel (Bf16Linear), "int8" on int8 weights (Int8Linear), else "default"."""
     for m in module.modules():
+        if isinstance(m, Int8Linear) and m.quantized is not None:
+            return "int8"
         if isinstance(m, PackedLinear) and m.packed is not None:
             return "onednn"
         if isinstance(m, Bf16Linear) and m.active:

@@ -40,8 +40,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="precision of the target; auto (default): bf16 on CUDA (fp16 without bf16), "
                         "on a CPU the faster of fp32 and bf16 as measured once on this machine")
     p.add_argument("--head-dtype", choices=HEAD_DTYPE_CHOICES, default="auto",
-                   help="precision the draft head drafts in; auto (default): on a CPU the faster of fp32 and bf16 "
-                        "for drafting, measured once on this machine, on CUDA the target's; target: the target's")
+                   help="precision the draft head drafts in; int8: bf16 on int8 weights (CPU); auto (default): on a CPU "
+                        "the fastest of fp32, bf16 and int8 for drafting, measured once on this machine, on CUDA the "
+                        "target's; target: the target's")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 is steadier on a shared machine")
 

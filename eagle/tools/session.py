@@ -11,9 +11,9 @@ from ..core.config import DecodeConfig
 from ..core.decode import Decoder
 from ..core.prompt import encode_prompt
 from ..core.lookup import LOOKUP_TOKENS
-from ..models.head import AnyHead, head_dtype
+from ..models.head import AnyHead
 from ..models.headio import head_identity
-from ..models.kernels import linear_kernel
+from ..models.kernels import head_precision, linear_kernel
 from .loading import check_budget
 from ..models.precision import dtype_name
 from ..models.target import Target
@@ -139,7 +139,7 @@ class Session:
         if linear_kernel(self.target) != "default":  # the projections' kernel, where auto changed it
             base["linear_kernel"] = linear_kernel(self.target)
         if drafts and self.head is not None:
-            base["head_dtype"] = dtype_name(head_dtype(self.head))
+            base["head_dtype"] = head_precision(self.head)
         if not isinstance(prompt, str) and len(prompt) > 1:
             base["messages"] = prompt
         identity = self.identity if drafts else head_identity(None)

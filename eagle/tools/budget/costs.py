@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from ...core.adaptive import interpolate
-from ...core.config import DecodeConfig, TreeShape
+from ...core.config import PRESETS, DecodeConfig, TreeShape
 from ...core.decode import Decoder, Drafter, draft_round, generate, greedy_accept, new_drafter
 from ...core.tree import build_tree
 from ...core.nodes import TokenTexts
-from ...models.head import AnyHead, cast_head, head_dtype, head_shape
-from ...models.kernels import kernel_tag, module_kernel, pack_beside
+from ...models.head import AnyHead, head_dtype, head_shape
+from ...models.kernels import kernel_tag, module_kernel, set_head_precision
 from ...models.location import cache_dir
-from ...models.precision import DTYPES, device_name, dtype_name
+from ...models.precision import device_name, dtype_name
 from ...models.target import Target
 from ...records.files import atomic_write_json, read_json_or_none
 from ...records.trace import StepRecord
@@ -331,18 +331,24 @@ def monotone(by_n: dict[int, float]) -> dict[int, float]:
     return dict(zip(sorted(by_n), fitted))
 
 
-def time_head_dtypes(target: Target, head: AnyHead, dtypes: tuple[str, ...], repeats: int = 9) -> dict:
-    """A round's drafting (a DEPTH_PROBE-step dynamic draft at top_k 8 over the full vocabulary) by a copy
-    of the head in each precision, interleaved: {dtype: {"draft": ms}}. The head is left as it is."""
+def time_head_dtypes(target: Target, head: AnyHead, precisions: tuple[str, ...], repeats: int = 9) -> dict:
+    """A round's drafting by a copy of the head in each precision (kernels.set_head_precision): the head
+    catching up on 3 accepted tokens, then a draft of the cpu preset's shape (top_k 4 over the 4,096 most
+    frequent tokens, one expansion: the shapes auto picks on a CPU), each right after a one-token target
+    forward as in a round, whose weights push the head's out of the caches (timed warm, an int8 head's
+    half-size reads do not show): {precision: {"draft": ms}}, the forward's own time taken off, from jobs
+    run interleaved. The head is left as it is."""
     shared = target.model.model.embed_tokens  # the copies share it too: casting leaves it alone
-    jobs = {}
-    for d in dtypes:
-        twin = cast_head(copy.deepcopy(head, {id(shared): shared}), DTYPES[d], shared)
-        pack_beside(target, twin)  # on the kernel set_head_dtype will run it on
-        jobs[d] = _Probe(target, twin, PREFIX_LEN, 1).draft(8, 0, DEPTH_PROBE)
+    verify = _Probe(target, head, PREFIX_LEN, 1).verify(1)
+    shape = PRESETS["cpu"]
+    jobs = {"verify": verify}
+    for p in precisions:
+        twin = _Probe(target, set_head_precision(target, copy.deepcopy(head, {id(shared): shared}), p), PREFIX_LEN, 1)
+        consume, draft = twin.overhead(), twin.draft(shape.top_k, shape.draft_vocab, shape.depth)
+        jobs[p] = lambda consume=consume, draft=draft: (verify(), consume(), draft())
     with torch.inference_mode():
-        t = time_interleaved(jobs, repeats, f"timing the head in {' vs '.join(dtypes)} once for --head-dtype auto")
-    return {d: {"draft": round(1000 * t[d], 2)} for d in dtypes}
+        t = time_interleaved(jobs, repeats, f"timing the head in {' vs '.join(precisions)} once for --head-dtype auto")
+    return {p: {"draft": round(max(0.01, 1000 * (t[p] - t["verify"])), 2)} for p in precisions}
 
 
 def probe_t1(target: Target, head: AnyHead, prefix_len: int = PREFIX_LEN, repeats: int = 5) -> float:
