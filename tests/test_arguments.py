@@ -346,7 +346,7 @@ NOTEBOOK_CASES = [  # (prompt, keywords, words of the SettingError)
     ("hi", {"device": 0}, "device must be a string, got 0"),
     ("hi", {"device": "tpu"}, "device: unknown device 'tpu'"),
     ("hi", {"dtype": "fp8"}, "dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"),
-    ("hi", {"head_dtype": "fp8"}, "head_dtype must be one of auto, target, float32, bfloat16, float16, got 'fp8'"),
+    ("hi", {"head_dtype": "fp8"}, "head_dtype must be one of auto, target, float32, bfloat16, float16, int8, got 'fp8'"),
     ("hi", {"threads": "2"}, "threads must be an integer"), ("hi", {"threads": 0}, "threads must be >= 1, got 0"),
 ]
 

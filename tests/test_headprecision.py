@@ -156,3 +156,13 @@ def test_an_int8_head_decodes_as_vanilla_and_says_so(single_thread):
         assert generate(Decoder(target, head, cfg), prompt).tokens == vanilla, mode
     header = Session.of(target, head, None).header("hi", DecodeConfig(), 2)
     assert header.meta["head_dtype"] == "int8"
+
+
+def test_int8_where_its_kernel_does_not_run_is_one_sentence(monkeypatch, single_thread):
+    from eagle.models import kernels
+    target, head = tiny_pair(vocab=40)
+    monkeypatch.setattr(headprecision, "int8_available", lambda: False)
+    monkeypatch.setattr(kernels, "int8_available", lambda: False)
+    with pytest.raises(ValueError, match="int8 weight-only CPU kernel, which this machine does not run"):
+        headprecision.set_head_dtype(target, head, "int8")
+    assert headprecision.auto_options() == ("float32", "bfloat16")

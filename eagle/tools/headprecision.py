@@ -45,6 +45,10 @@ def set_head_dtype(target: Target, head: AnyHead, choice: str = "auto", remeasur
     sentence saying how auto chose it on a CPU, else None. `remeasure`: time auto's choice again."""
     if choice not in HEAD_DTYPE_CHOICES:
         raise ValueError(f"unknown head dtype {choice!r}: choose from {', '.join(HEAD_DTYPE_CHOICES)}")
+    if choice == INT8 and (target.device.type != "cpu" or not int8_available()):
+        where = "this machine" if target.device.type == "cpu" else f"a {target.device.type} device"
+        raise ValueError(f"--head-dtype int8 needs torch's int8 weight-only CPU kernel, which {where} does not run: "
+                         "use bfloat16 or auto")
     report = None
     if choice == "auto" and target.device.type == "cpu":
         report = choose_head_dtype(target, head, remeasure)
