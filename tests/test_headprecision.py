@@ -166,3 +166,24 @@ def test_int8_where_its_kernel_does_not_run_is_one_sentence(monkeypatch, single_
     with pytest.raises(ValueError, match="int8 weight-only CPU kernel, which this machine does not run"):
         headprecision.set_head_dtype(target, head, "int8")
     assert headprecision.auto_options() == ("float32", "bfloat16")
+
+
+def test_scoring_rows_are_made_once_per_vocabulary_and_precision(single_thread):
+    """A generation's Drafter reuses the rows an earlier one made (no copy, pack or quantization per
+    generation); another vocabulary, another precision or rows changed in place are made again, and a
+    copy of the head starts without them."""
+    import copy
+    from eagle.core.decode import new_drafter
+    target, head = tiny_pair(vocab=40)
+    head.token_counts = torch.arange(40, dtype=torch.float32)  # FR-Spec needs counts to pick a subset
+    first, again = new_drafter(target, head, 64, 16), new_drafter(target, head, 64, 16)
+    assert again.weight is first.weight and again.vocab_ids is first.vocab_ids and first.weight.shape == (16, 32)
+    assert new_drafter(target, head, 64, 8).weight.shape[0] == 8
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(2)  # rows changed in place: made again, from the new values
+    doubled = new_drafter(target, head, 64, 16)
+    assert doubled.weight is not first.weight
+    torch.testing.assert_close(doubled.weight, 2 * first.weight)
+    cast_head(head, torch.bfloat16, target.model.model.embed_tokens)
+    assert new_drafter(target, head, 64, 16).weight.dtype == torch.bfloat16
+    assert not copy.deepcopy(head, {id(head.embed_tokens): head.embed_tokens}).scoring_rows.made
