@@ -205,9 +205,11 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
 
 def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch):
     """What the model predicts is a tree round over a plain token, so the two calibration decodes share
-    the same seconds of a drifting machine: neither is ever more than a round ahead in tokens, and
-    every round of both is counted."""
+    the same seconds of a drifting machine: each decodes a stretch of HOST_STRETCH tokens while the other
+    waits (plain rounds follow plain rounds, as a vanilla decode's do), never further ahead, and every
+    round of both is counted."""
     monkeypatch.setattr(budget_costs, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(budget_costs, "HOST_STRETCH", 4)
     target, head = tiny_pair(vocab=12, eos=None)
     costs = budget_costs.measure_costs(target, head, ns=(1, 2, 4), top_ks=(2,), vocabs=(0,), repeats=1,
                                        contexts=())
@@ -222,13 +224,16 @@ def test_host_terms_decode_the_tree_and_plain_side_by_side(tmp_path, monkeypatch
     hosted = budget_costs.host_terms(target, head, costs, chosen, [[1, 2, 3], [4, 5]], max_new_tokens=12)
     assert hosted.verify_scale_tree > 0 and hosted.verify_scale_plain > 0 and hosted.draft_scale > 0
     for start in [i for i, (_, step, _) in enumerate(seen) if step == 0 and seen[i][0] == "dynamic"]:
-        made = {"dynamic": 0, "vanilla": 0}
+        made, order = {"dynamic": 0, "vanilla": 0}, []
         for mode, step, n in seen[start:]:
             if step == 0 and made[mode]:  # the next prompt
                 break
-            assert made[mode] == min(made.values())  # whichever is behind goes next
+            if max(made.values()) < 12:  # both decoding: the one going is at most a stretch ahead
+                assert made[mode] - min(made.values()) < 4
+                order.append(mode)
             made[mode] += n
         assert made == {"dynamic": 12, "vanilla": 12}
+        assert any(a == b == "dynamic" for a, b in zip(order, order[1:]))  # tree rounds back to back, not a round each
     assert sum(1 for mode, _, _ in seen if mode == "vanilla") == 2 * 12  # every plain token: prefill + 11 rounds
 
 

@@ -32,7 +32,7 @@ from .costs import COSTS_VERSION, DEPTHS, HOST_PROMPTS, NS, REPEATS, TOP_KS, VOC
 from .replay import AcceptModel, calibrate, calibration_prompts, vocab_masks
 from .report import AutoReport, read_auto_report
 
-AUTO_REPORT_VERSION = 10  # bump when the report or the searched grid changes: cached reports are then recomputed
+AUTO_REPORT_VERSION = 11  # bump when the report or the searched grid changes: cached reports are then recomputed
 
 
 def choose_budget(costs: Costs, model: Callable[[int, int, int, int], float], draft_vocab: int = 0,

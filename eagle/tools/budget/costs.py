@@ -47,6 +47,12 @@ PREFILL_LENS = (32, PREFIX_LEN)  # prompt lengths the prefill is timed at (linea
 # turn), three calibrations in a row put a round at 1.24-1.34x a plain token; at 64, token for token, at
 # 1.30-1.32x (2026-12-07, AMD EPYC, bf16)
 HOST_TOKENS = 64
+# host_terms decodes the tree and plain side by side in stretches of this many tokens, not a round each:
+# a plain round right after a tree round runs ~2 % slower than after a plain one (the head's forwards push
+# the target's KV cache out of the caches), and a bench's vanilla runs whole prompts; round by round, the
+# plain scale came out high and the tree/plain verify ratio 0.96-1.02 where benches measured 1.12-1.18
+# (2026-12-07, AMD EPYC Zen 5, bf16)
+HOST_STRETCH = 16
 HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 rounds put the tree term 1.9 ms
 # below what a bench's 827 rounds then spent there (2026-12-06, AMD EPYC)
 # Probe passes: at 5, t(n) of the verify came out non-monotone by up to 3 ms between neighbouring sizes
@@ -381,7 +387,7 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
     scale (a real round's verify + acceptance over the probe's) and the host term (the mean seconds per
     round spent beyond the modelled draft and overhead: acceptance's bookkeeping, the lookup branch's
     matching, records), each for the chosen tree (with its prompt-lookup branch) and for plain decoding.
-    The two decode each prompt side by side, as many tokens in one as in the other: what the model
+    The two decode each prompt side by side, in stretches of HOST_STRETCH tokens: what the model
     predicts is their ratio, and a shared VM's speed drifts by 10-20 % within minutes (2026-12-07, AMD
     EPYC: decoded one after the other, the plain scale came out 1.21 and the tree's 1.07, where a bench
     then measured 0.93 and 0.98; prompt by prompt, their ratio still moved 1.14-1.29 between three
@@ -396,8 +402,10 @@ def host_terms(target: Target, head: AnyHead, costs: Costs, chosen: dict, prompt
     for ids in prompts:
         runs = {name: Decoder(target, head, cfg).steps(ids) for name, cfg in configs.items()}
         produced = dict.fromkeys(runs, 0)
-        while runs:  # side by side: a round of whichever is behind in tokens (its phases are timed inside it)
-            name = min(runs, key=produced.__getitem__)
+        name = "tree"
+        while runs:  # side by side, in stretches of HOST_STRETCH tokens (the phases are timed inside each round)
+            if name not in runs or produced[name] - min(produced[n] for n in runs) >= HOST_STRETCH:
+                name = min(runs, key=produced.__getitem__)
             step = next(runs[name], None)
             if step is None:
                 del runs[name]
