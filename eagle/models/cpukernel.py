@@ -20,11 +20,11 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from ..records.files import CommandError, atomic_write
 from .location import cache_dir
+from .wrapped import WrappedLinear
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
@@ -100,34 +100,18 @@ def available() -> bool:
     return why_unavailable() is None
 
 
-class Bf16Linear(nn.Linear):
+class Bf16Linear(WrappedLinear):
     """A bf16 CPU nn.Linear whose forward runs the AVX2 kernel on its own weight (no copy: a tied
     embedding stays shared) for two rows or more. One row runs torch's bf16 Linear: there it reads the
     weights as fast (a vanilla decode of 96 tokens, 3 prompts twice: 17.8 tok/s on torch's against 16.9
     on the kernel, likely the call's own overhead), so a decoding step and vanilla are torch's bits and
     torch's speed. After a cast off bf16 it runs as a plain nn.Linear."""
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> "Bf16Linear":
-        return cls.wrapping(linear.weight, linear.bias)
-
-    @classmethod
-    def wrapping(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Bf16Linear":
-        """x -> x @ weight.T + bias on the kernel, for a weight (out, in) that is no nn.Linear's (the
-        draft head's scoring rows)."""
-        wrapped = cls.__new__(cls)
-        nn.Module.__init__(wrapped)
-        wrapped.out_features, wrapped.in_features = weight.shape
-        wrapped.weight, wrapped.bias = weight, bias
-        library()  # built (or refused) now, not in the first forward
-        wrapped.library = str(library_path())  # resolved once: forward runs per projection, per token
-        wrapped.active = runs_on_kernel(weight)
-        return wrapped
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
+    def _prepare(self) -> None:
+        if "library" not in self.__dict__:
+            library()  # built (or refused) at wrapping, not in the first forward
+            self.library = str(library_path())  # resolved once: forward runs per projection, per token
         self.active = runs_on_kernel(self.weight)  # known once per cast, not looked up per call
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features

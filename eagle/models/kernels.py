@@ -26,36 +26,18 @@ from .cpukernel import Bf16Linear
 from .head import AnyHead, cast_head, head_dtype
 from .precision import DTYPE_PROBE_NS, DTYPES, cached_choice, decide_dtype, dtype_name, forward_job, machine_key
 from .target import Target
+from .wrapped import WrappedLinear
 
 KERNELS: dict[str, tuple[str, ...]] = {"float32": ("default", "onednn"), "bfloat16": ("default", "avx2", "onednn")}
 
 
-class PackedLinear(nn.Linear):
-    """An fp32 (or, where oneDNN has native bf16, a bf16) nn.Linear whose forward runs oneDNN on a prepacked
-    copy of its weight; `weight` stays the same Parameter (a tied embedding, the draft head's scoring rows
-    and weight hashes read it). For inference: a weight changed in place is not seen, a cast (.to) packs
-    again (or, to a precision oneDNN does not pack here, runs as a plain nn.Linear)."""
+class PackedLinear(WrappedLinear):
+    """An fp32 (or, where oneDNN has native bf16, a bf16) projection run by oneDNN on a prepacked copy of
+    its weight; after a cast to a precision oneDNN does not pack here, a plain nn.Linear."""
     rows_hint = 8  # the layout is chosen for this many rows; any row count runs on it
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> "PackedLinear":
-        return cls.wrapping(linear.weight, linear.bias)
-
-    @classmethod
-    def wrapping(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedLinear":
-        """x -> x @ weight.T + bias on oneDNN, for a weight (out, in) that is no nn.Linear's (the draft
-        head's scoring rows)."""
-        packed = cls.__new__(cls)
-        nn.Module.__init__(packed)
-        packed.out_features, packed.in_features = weight.shape
-        packed.weight, packed.bias = weight, bias  # Parameters stay registered; plain tensors stay attributes
-        packed.packed = _pack(weight)
-        return packed
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
+    def _prepare(self) -> None:
         self.packed = _pack(self.weight)
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
@@ -142,33 +124,15 @@ def use_kernel(model: nn.Module, kernel: str) -> int:
     return count
 
 
-class Int8Linear(nn.Linear):
+class Int8Linear(WrappedLinear):
     """A bf16 CPU nn.Linear whose forward reads a weight-only int8 copy of its weight, one scale per output
     row (gpt-fast's int8 weight-only mode; torch's `_weight_int8pack_mm`): half the bytes a bf16 product
     reads. For the draft head, whose one layer and scoring rows are read cold after every verify (the
     target's weights have pushed them out of the caches): its drafts only propose, the target verifies
-    every token, so greedy output stays the target's. `weight` stays the bf16 Parameter (hashes and casts
-    read it); after a cast off bf16 it runs as a plain nn.Linear."""
+    every token, so greedy output stays the target's. After a cast off bf16, a plain nn.Linear."""
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> "Int8Linear":
-        return cls.wrapping(linear.weight, linear.bias)
-
-    @classmethod
-    def wrapping(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """x -> x @ weight.T + bias on int8 weights, for a weight (out, in) that is no nn.Linear's (the
-        draft head's scoring rows)."""
-        wrapped = cls.__new__(cls)
-        nn.Module.__init__(wrapped)
-        wrapped.out_features, wrapped.in_features = weight.shape
-        wrapped.weight, wrapped.bias = weight, bias
-        wrapped.quantized = _quantize_rows(weight)
-        return wrapped
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
+    def _prepare(self) -> None:
         self.quantized = _quantize_rows(self.weight)
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is None or x.dtype != torch.bfloat16:
