@@ -116,6 +116,18 @@ def test_greedy_matches_brute_force(case: tuple[Tree, torch.Tensor]) -> None:
     assert all(int(tree.tokens[c]) == greedy[p] for p, c in zip(accepted, accepted[1:]))
     assert len(accepted) - 1 == _longest_greedy_depth(tree, greedy)
     assert bonus == greedy[accepted[-1]]
+    # between equal paths (equal sibling tokens), the one ending at the lowest node index
+    ends = [i for i in range(tree.num_nodes) if _path_matches(tree, greedy, i) and int(tree.depths[i]) == len(accepted) - 1]
+    assert accepted[-1] == min(ends)
+
+
+def _path_matches(tree: Tree, greedy: list[int], node: int) -> bool:
+    while node > 0:
+        parent = int(tree.parents[node])
+        if int(tree.tokens[node]) != greedy[parent]:
+            return False
+        node = parent
+    return True
 
 
 @settings(max_examples=100, deadline=None)

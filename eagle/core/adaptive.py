@@ -77,10 +77,14 @@ class RoundCosts:
 def best_tree_size(values_desc: torch.Tensor, costs: RoundCosts, context: int | None = None) -> int:
     """The tree size n (root included) with the highest expected tokens per second, given the
     candidates' path values in descending order and the current context length; n - 1 never
-    exceeds the candidates or the table."""
+    exceeds the candidates or the table. A few dozen host floats: Python arithmetic (in float64, as
+    the values are summed in order), not a dozen small tensor ops a round; the first best on a tie."""
     verify = costs.verify_at(context)
-    m = min(values_desc.numel(), len(verify) - 1)
-    gains = torch.cumsum(values_desc[:m].double().cpu(), 0) * costs.alpha
-    expected = torch.cat([torch.zeros(1, dtype=torch.float64), gains]) + 1  # n = 1..m+1
-    seconds = torch.tensor(verify[:m + 1], dtype=torch.float64) + costs.fixed
-    return int(torch.argmax(expected / seconds)) + 1
+    values = values_desc.tolist()[:len(verify) - 1]
+    best, best_rate, gain = 1, 1 / (verify[0] + costs.fixed), 0.0
+    for n, value in enumerate(values, start=2):
+        gain += value
+        rate = (gain * costs.alpha + 1) / (verify[n - 1] + costs.fixed)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best

@@ -34,7 +34,7 @@ from ..records.trace import NodeRecord, StepRecord
 from .lookup import ContextTokens, find_continuation
 from .nodes import Round, TokenTexts, trace_nodes
 from .prompt import check_prompt
-from .tree import Tree, build_tree, load_static_paths, rerank, static_paths_to_tree_shape
+from .tree import Tree, build_tree, load_static_paths, ranking, rerank, static_paths_to_tree_shape, tree_order
 from .verify import accept_greedy_tokens, accept_sampling_dynamic, accept_sampling_static, process_logits, row_argmax
 
 
@@ -194,11 +194,11 @@ class Decoder:
         else:
             cand = draft_dynamic(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, lap=s.clock.lap)
             levels = self.cfg.depth + 1  # the deepest candidate: trees are built unchecked to this bound
-            kept = rerank(cand.scores, cand.parents, cand.depths, budget - 1, levels)
-            if self.costs is not None:  # rerank's ranking is prefix-closed: a smaller n is a sub-tree
-                values = cand.scores[kept].exp().sort(descending=True).values
-                n = best_tree_size(values, self.costs, s.t_cache.length)
-                kept = kept if n - 1 == kept.numel() else rerank(cand.scores, cand.parents, cand.depths, n - 1, levels)
+            best = ranking(cand.scores, cand.parents, cand.depths, levels)[:budget - 1]
+            if self.costs is not None:  # the ranking is prefix-closed: a smaller n is a sub-tree
+                values = cand.scores[best].exp().sort(descending=True).values
+                best = best[:best_tree_size(values, self.costs, s.t_cache.length) - 1]
+            kept = tree_order(best, cand.depths)
         return cand, kept, *_tree_arrays(s.root, cand, kept), levels
 
     def _verify(self, s: DecodeState, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,8 +324,7 @@ def _tree_arrays(root: int, cand: Candidates, kept: torch.Tensor) -> tuple[torch
 
 
 def _tree_to(tree: Tree, device: str | torch.device) -> Tree:
-    return Tree(**{f: getattr(tree, f).to(device) for f in ("tokens", "parents", "depths", "mask",
-                                                            "retrieve", "leaves")})
+    return Tree(**{f: getattr(tree, f).to(device) for f in ("tokens", "parents", "depths", "mask")})
 
 
 @dataclass

@@ -5,6 +5,7 @@ children (``parents[i] < i``); a node's position offset is its depth below the r
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -23,8 +24,22 @@ class Tree:
     parents: torch.Tensor  # (N,) long; parents[0] == -1, parents[i] < i
     depths: torch.Tensor  # (N,) long; depths[0] == 0
     mask: torch.Tensor  # (N, N) bool; mask[i, j] == (j is an ancestor of i or j == i)
-    retrieve: torch.Tensor  # (L, max_depth + 1) long; root..leaf node indices, -1 padded
-    leaves: torch.Tensor  # (L,) long; leaf node of each retrieve row, ascending
+
+    # The paths, made when first asked for: a decoding round reads its accepted path from the mask
+    # (eagle.core.verify.accept_greedy_tokens), so it never builds them (11 small ops a round)
+    @functools.cached_property
+    def _paths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return retrieve_paths(self.mask, self.parents, self.depths)
+
+    @property
+    def retrieve(self) -> torch.Tensor:
+        """(L, max_depth + 1) long: root..leaf node indices of each leaf's path, -1 padded."""
+        return self._paths[0]
+
+    @property
+    def leaves(self) -> torch.Tensor:
+        """(L,) long: the leaf node of each retrieve row, ascending."""
+        return self._paths[1]
 
     @property
     def positions(self) -> torch.Tensor:
@@ -123,7 +138,8 @@ def retrieve_paths(mask: torch.Tensor, parents: torch.Tensor,
 
 
 def build_tree(tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> Tree:
-    """Build a Tree (depths, ancestor mask, retrieve paths) from tokens (N,) and parents (N,).
+    """Build a Tree (depths and ancestor mask; its retrieve paths when first asked) from tokens (N,) and
+    parents (N,).
     max_depth: a depth bound the caller guarantees; the parent array is then trusted, unchecked
     (see ancestor_mask)."""
     if max_depth is None:
@@ -132,9 +148,7 @@ def build_tree(tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | Non
         _check_tree_parents(parents)
     mask = ancestor_mask(parents, max_depth)  # (N, N)
     depths = mask.sum(-1) - 1  # (N,) number of strict ancestors
-    retrieve, leaves = retrieve_paths(mask, parents, depths)
-    return Tree(tokens=tokens.long(), parents=parents, depths=depths, mask=mask,
-                retrieve=retrieve, leaves=leaves)
+    return Tree(tokens=tokens.long(), parents=parents, depths=depths, mask=mask)
 
 
 def topk_children(log_probs: torch.Tensor, parent_scores: torch.Tensor,
@@ -180,12 +194,9 @@ def _path_min(scores: torch.Tensor, parents: torch.Tensor, max_depth: int | None
     raise ValueError("parents contain a cycle")
 
 
-def _check_rerank_inputs(scores: torch.Tensor, parents: torch.Tensor,
-                         depths: torch.Tensor, n_keep: int) -> None:
+def _check_rerank_inputs(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor) -> None:
     if scores.dim() != 1 or parents.shape != scores.shape or depths.shape != scores.shape:
         raise ValueError("scores, parents and depths must be 1-D of equal length")
-    if n_keep < 0:
-        raise ValueError(f"n_keep must be >= 0, got {n_keep}")
     if torch.isnan(scores).any():
         raise ValueError("scores contain NaN")
     _check_parent_array(parents)
@@ -198,23 +209,33 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
            n_keep: int, max_depth: int | None = None) -> torch.Tensor:
     """Keep the min(n_keep, M) best candidates, ancestor-closed, parents before children.
 
-    parents index into the same candidate list (-1 = child of the root). Ranking key:
-    highest value first, then shallower, then lower index. The value of a node is the
-    minimum score along its candidate path; for EAGLE-2 scores (sums of log-probs, never
-    increasing along a path) this equals the score itself, so this is plain top-n. The
-    cap makes every parent rank strictly before its children (equal value -> shallower
-    wins), so any prefix of the ranking is ancestor-closed even under ties or for
-    arbitrary scores. Returned indices are sorted by (depth, index). max_depth: a bound on the
-    candidates' depths the caller guarantees; the inputs are then trusted (the decoder's hot path).
+    parents index into the same candidate list (-1 = child of the root). The first n_keep of
+    `ranking`, returned in tree order (`tree_order`: sorted by (depth, index)). max_depth: a bound on
+    the candidates' depths the caller guarantees; the inputs are then trusted (the decoder's hot path).
     """
+    if n_keep < 0:
+        raise ValueError(f"n_keep must be >= 0, got {n_keep}")
+    return tree_order(ranking(scores, parents, depths, max_depth)[:n_keep], depths)
+
+
+def ranking(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+            max_depth: int | None = None) -> torch.Tensor:
+    """(M,) every candidate, best first: highest value, then shallower, then lower index. The value of
+    a node is the minimum score along its candidate path; for EAGLE-2 scores (sums of log-probs, never
+    increasing along a path) this equals the score itself, so this is plain top-n. The cap makes every
+    parent rank strictly before its children (equal value -> shallower wins), so any prefix of the
+    ranking is ancestor-closed even under ties or for arbitrary scores: one ranking serves every tree
+    size. max_depth: as rerank's."""
     if max_depth is None:
-        _check_rerank_inputs(scores, parents, depths, n_keep)
-    n = min(n_keep, scores.numel())
+        _check_rerank_inputs(scores, parents, depths)
     value = _path_min(scores, parents, max_depth)  # (M,)
     by_depth = torch.argsort(depths, stable=True)  # stable: index breaks remaining ties
-    ranking = by_depth[torch.argsort(value[by_depth], descending=True, stable=True)]
-    kept = ranking[:n]
-    return kept[torch.argsort(depths[kept] * scores.numel() + kept)]
+    return by_depth[torch.argsort(value[by_depth], descending=True, stable=True)]
+
+
+def tree_order(kept: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """Candidate ids kept (a prefix of a ranking) sorted by (depth, index): parents before children."""
+    return kept[torch.argsort(depths[kept] * depths.numel() + kept)]
 
 
 def _check_static_paths(paths: list[list[int]]) -> None:

@@ -57,8 +57,9 @@ def process_logits(logits: torch.Tensor, temperature: float, top_p: float,
 def accept_greedy(tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
     """Longest root-to-node path whose tokens each equal the target's argmax at their parent.
 
-    Evaluated for all retrieve rows at once; the bonus token is the argmax at the last
-    accepted node. Ties in argmax resolve to the lowest token id, as in plain greedy.
+    Evaluated for all nodes at once; the bonus token is the argmax at the last accepted node. Ties
+    in argmax resolve to the lowest token id, as in plain greedy; between equal paths, the one ending
+    at the lower node index.
     """
     if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_nodes:
         raise ValueError(f"target_logits must be (N={tree.num_nodes}, V), got "
@@ -88,17 +89,17 @@ def _block_width(vocab: int, block: int) -> int | None:
 
 def accept_greedy_tokens(tree: Tree, greedy: torch.Tensor) -> tuple[list[int], int]:
     """accept_greedy given the target's argmax after each node, greedy (N,) (the decoder's greedy_accept
-    takes it from row_argmax)."""
-    paths = tree.retrieve  # (L, D+1)
-    child, parent = paths[:, 1:], paths[:, :-1]  # (L, D)
-    match = (child >= 0) & (tree.tokens[child.clamp(min=0)] == greedy[parent.clamp(min=0)])
-    n_accepted = match.long().cumprod(dim=-1).sum(-1)  # (L,) accepted draft tokens per path
-    best = n_accepted.argmax()
-    row, n = paths[best], n_accepted[best]  # (D+1,) the best path, ()
-    bonus = greedy[row[n]]
-    # one device-to-host copy for the round's result: [path..., n, bonus]
-    out = torch.cat([row, n.view(1), bonus.view(1)]).tolist()
-    return out[: out[-2] + 1], out[-1]
+    takes it from row_argmax). A node is accepted when it and each of its ancestors (its mask row) carries
+    the target's choice at its parent; the path ends at the deepest such node, the lowest index on a tie
+    (equal tokens: a lookup branch repeating a drafted child). Read from the mask, not from root-to-leaf
+    paths: a round never builds those."""
+    match = tree.tokens == greedy[tree.parents.clamp(min=0)]  # (N,) the root's entry is replaced below
+    match[0] = True
+    good = (tree.mask <= match).all(-1)  # (N,) every ancestor-or-self matches (mask implies match)
+    best = torch.where(good, tree.depths, -1).argmax()  # argmax: the first of the deepest
+    # one device-to-host copy for the round's result: the best node's mask row (its path), then the bonus
+    row = torch.cat([tree.mask[best].long(), greedy[best].view(1)]).tolist()
+    return [i for i, on in enumerate(row[:-1]) if on], row[-1]
 
 
 def _check_sampling_inputs(tree: Tree, target_probs: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .head3 import DraftAttention, Eagle3Head, attention_inputs, top_token_ids
+from .head3 import DraftAttention, Eagle3Head, RopeTable, attention_inputs, top_token_ids
 from .kvcache import ChainKeys, KVCache
 from .layouts import INPUT, LAST, HeadLayout, eagle3_feature_layers
 
@@ -63,6 +63,7 @@ class DraftHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=getattr(config, "bias", True))
         self.layers = nn.ModuleList([DraftLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.rope = RopeTable(self.rotary_emb)
         # Token frequencies from the training data, for the reduced draft vocabulary (0 = unknown).
         self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long), persistent=False)
 
@@ -81,7 +82,7 @@ class DraftHead(nn.Module):
         """token_ids (B, T): x_{t+1}; features (B, T, H): f_t; returns predicted f_{t+1} (B, T, H)."""
         x = self._fuse(token_ids, features)
         mask, writer = attention_inputs(cache, start, token_ids.shape[1], tree_mask, x.device)
-        return self.layers[0](x, self.rotary_emb(x, positions), mask, writer)
+        return self.layers[0](x, self.rope(x, positions, None if cache is None else cache.max_len), mask, writer)
 
     def chain_step(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                    chain: "ChainKeys") -> torch.Tensor:
