@@ -151,6 +151,8 @@ def test_rerank_arbitrary_scores(forest, scores: list[float], n_keep: int) -> No
     kept = rerank(score_t, parents, depths, n_keep).tolist()
     plist, dlist = parents.tolist(), depths.tolist()
     _check_rerank_output(kept, plist, dlist, n_keep)
+    # the decoder's trusted path (a bound on the depths, no checks) keeps the same nodes in the same order
+    assert rerank(score_t, parents, depths, n_keep, max(dlist, default=1)).tolist() == kept
     # Documented rule: rank by the minimum score along the candidate path.
     value = [min(scores[j] for j in [i] + _ancestors(plist, i)) for i in range(m)]
     expected = sorted(range(m), key=lambda i: _rank_key(value, dlist, i))[:n_keep]

@@ -179,16 +179,17 @@ def select_frontier(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _path_min(scores: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
-    """(M,) minimum score over each node and its candidate ancestors (max_depth: a trusted bound,
-    exactly that many steps and no host reads; else until every path ended, cycles refused)."""
-    value = scores.clone()
-    cur = parents.clone()
-    for _ in range(parents.numel() + 1 if max_depth is None else max_depth):
+    """(M,) minimum score over each node and its candidate ancestors (max_depth: a trusted bound on the
+    candidates' depths, so max_depth - 1 steps, as a node at depth d has d - 1 candidate ancestors, and
+    no host reads; else until every path ended, cycles refused)."""
+    value, cur = scores, parents
+    for _ in range(parents.numel() + 1 if max_depth is None else max_depth - 1):
         live = cur >= 0
         if max_depth is None and not live.any():
             return value
-        value = torch.where(live, torch.minimum(value, scores[cur.clamp(min=0)]), value)
-        cur = torch.where(live, parents[cur.clamp(min=0)], cur)
+        up = cur.clamp(min=0)
+        value = torch.where(live, torch.minimum(value, scores[up]), value)
+        cur = torch.where(live, parents[up], cur)
     if max_depth is not None:
         return value
     raise ValueError("parents contain a cycle")
