@@ -167,39 +167,31 @@ class Decoder:
                          budget: int) -> tuple[Candidates | None, torch.Tensor | None, Tree, list[int]]:
         """The head's draft and the verification tree: the root, the kept candidates, then the
         prompt-lookup branch (when on and the context's last n-gram recurs)."""
-        cand, kept, tokens, parents, levels = self._draft(s, budget)
-        room = s.max_len - s.t_cache.length - tokens.numel()
+        cand, kept, levels = self._draft(s, budget)
+        room = s.max_len - s.t_cache.length - 1 - (0 if kept is None else kept.numel())
         lookup = [] if s.context is None or room < 1 else \
             find_continuation(s.context.tokens, min(self.cfg.lookup_tokens, room))
-        if lookup:
-            dev = tokens.device
-            first = tokens.numel()  # the branch hangs from the root: node first + j's parent is first + j - 1
-            tokens = torch.cat([tokens, torch.tensor(lookup, device=dev)])
-            parents = torch.cat([parents, torch.tensor([0] + list(range(first, first + len(lookup) - 1)), device=dev)])
-            levels = max(levels, len(lookup))  # the branch's last node is len(lookup) deep
-        return cand, kept, build_tree(tokens, parents, levels), lookup
+        levels = max(levels, len(lookup))  # the branch's last node is len(lookup) deep
+        return cand, kept, build_tree(*_tree_arrays(s.root, cand, kept, lookup, self.target.device), levels), lookup
 
-    def _draft(self, s: DecodeState, budget: int) -> tuple[Candidates | None, torch.Tensor | None,
-                                                         torch.Tensor, torch.Tensor, int]:
-        """The head's candidates, the kept ones, and the tree's tokens and parents (root first) with
-        its depth bound (levels)."""
+    def _draft(self, s: DecodeState, budget: int) -> tuple[Candidates | None, torch.Tensor | None, int]:
+        """The head's candidates and the kept ones (None, None: no draft this round), with the tree's
+        depth bound (levels)."""
         dev = self.target.device
         if s.drafter is None or budget == 1:
-            return None, None, torch.tensor([s.root], device=dev), torch.tensor([-1], device=dev), 1
+            return None, None, 1
         if self.static_plan is not None:
             gen = None if self.cfg.greedy else s.generator
             cand = draft_static(s.drafter, s.root_hidden, self.static_plan, generator=gen, lap=s.clock.lap)
             kept = torch.arange(min(cand.tokens.numel(), budget - 1), device=dev)
-            levels = self.static_plan.max_depth
-        else:
-            cand = draft_dynamic(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, lap=s.clock.lap)
-            levels = self.cfg.depth + 1  # the deepest candidate: trees are built unchecked to this bound
-            best = ranking(cand.scores, cand.parents, cand.depths, levels)[:budget - 1]
-            if self.costs is not None:  # the ranking is prefix-closed: a smaller n is a sub-tree
-                values = cand.scores[best].exp().sort(descending=True).values
-                best = best[:best_tree_size(values, self.costs, s.t_cache.length) - 1]
-            kept = tree_order(best, cand.depths)
-        return cand, kept, *_tree_arrays(s.root, cand, kept), levels
+            return cand, kept, self.static_plan.max_depth
+        cand = draft_dynamic(s.drafter, s.root_hidden, self.cfg.depth, self.cfg.top_k, lap=s.clock.lap)
+        levels = self.cfg.depth + 1  # the deepest candidate: trees are built unchecked to this bound
+        best = ranking(cand.scores, cand.parents, cand.depths, levels)[:budget - 1]
+        if self.costs is not None:  # the ranking is prefix-closed: a smaller n is a sub-tree
+            values = cand.scores[best].exp().sort(descending=True).values
+            best = best[:best_tree_size(values, self.costs, s.t_cache.length) - 1]
+        return cand, tree_order(best, cand.depths), levels
 
     def _verify(self, s: DecodeState, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
         start = s.t_cache.length
@@ -289,7 +281,7 @@ def draft_round(drafter: Drafter, root_hidden: torch.Tensor, root: int, depth: i
     a round: draft, rerank to the nodes - 1 best candidates, build the verification tree and record
     every drafted node (nothing verified yet, so nothing accepted)."""
     cand, kept = _draft_dynamic_kept(drafter, root_hidden, depth, top_k, nodes)
-    tree = build_tree(*_tree_arrays(root, cand, kept), depth + 1)
+    tree = build_tree(*_tree_arrays(root, cand, kept, [], root_hidden.device), depth + 1)
     return trace_nodes(Round(root, cand, kept, tree, [0], root, torch.zeros(tree.num_nodes)), texts)[0]
 
 
@@ -311,16 +303,22 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int, tor
     return accepted, bonus, scores.log_softmax(-1)[parents, tree.tokens].exp()
 
 
-def _tree_arrays(root: int, cand: Candidates, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The verification tree's tokens and parents: the root, then the kept candidates (kept is
-    parents-first). build_tree takes them with the draft's depth bound, without re-checking them."""
-    dev = cand.tokens.device
-    slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=dev)
-    slot[kept] = torch.arange(1, kept.numel() + 1, device=dev)  # candidate id -> tree index
+def _tree_arrays(root: int, cand: Candidates | None, kept: torch.Tensor | None, lookup: list[int],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verification tree's tokens and parents: the root, the kept candidates (kept is parents-first;
+    None: no draft), then the prompt-lookup branch, hanging from the root (its node first + j's parent is
+    first + j - 1). build_tree takes them with the draft's depth bound, without re-checking them."""
+    first = 1 + (0 if kept is None else kept.numel())
+    lookup_parents = [0, *range(first, first + len(lookup) - 1)][:len(lookup)]
+    ends = torch.tensor([[root, *lookup], [-1, *lookup_parents]], device=device)  # (2, 1 + L): one host copy
+    if kept is None:
+        return ends[0], ends[1]
+    slot = torch.full((cand.tokens.numel(),), -1, dtype=torch.long, device=device)
+    slot[kept] = torch.arange(1, kept.numel() + 1, device=device)  # candidate id -> tree index
     cand_parent = cand.parents[kept]
     parents = torch.where(cand_parent < 0, 0, slot[cand_parent.clamp(min=0)])
-    tokens = torch.cat([torch.tensor([root], device=dev), cand.tokens[kept]])
-    return tokens, torch.cat([torch.tensor([-1], device=dev), parents])
+    return (torch.cat([ends[0, :1], cand.tokens[kept], ends[0, 1:]]),
+            torch.cat([ends[1, :1], parents, ends[1, 1:]]))
 
 
 def _tree_to(tree: Tree, device: str | torch.device) -> Tree:

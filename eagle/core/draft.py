@@ -44,6 +44,13 @@ class Drafter:
         # vocab_ids (K,): the target id of each draft token, None = the full vocabulary in order;
         # weight (K, H): the lm_head rows that score them (the target's for EAGLE-1/2, the head's own for EAGLE-3)
         self.vocab_ids, self.weight, self._project = ScoringRows.of(head).get(head, lm_head_weight, draft_vocab)
+        self._beam: tuple[tuple[int, int], Beam] | None = None
+
+    def beam(self, k: int, depth: int) -> "Beam":
+        """The beam constants of a (k, depth) draft (draft_dynamic), made at the first round."""
+        if self._beam is None or self._beam[0] != (k, depth):
+            self._beam = ((k, depth), Beam.build(k, depth, self.weight.device))
+        return self._beam[1]
 
     def score_with(self, weight: torch.Tensor) -> None:
         """Score against these lm_head rows (K, H) instead (see ScoringRows.project)."""
@@ -134,14 +141,27 @@ class ScoringRows:
         return weight, wrap_weight(weight, module_kernel(head))
 
 
-def _grow_mask(anc: torch.Tensor, parent_rows: torch.Tensor | None, f: int) -> torch.Tensor:
-    """Append F nodes to the ancestor matrix (E, E) of the expanded nodes; parent_rows (F,) are
-    their parents' rows (None: children of the root, which lives in the prefix). -> (E+F, E+F)."""
-    e, dev = anc.shape[0], anc.device
-    inherited = torch.zeros(f, e, dtype=torch.bool, device=dev) if parent_rows is None else anc[parent_rows]
-    new_rows = torch.cat([inherited, torch.eye(f, dtype=torch.bool, device=dev)], dim=1)
-    top = torch.cat([anc, torch.zeros(e, f, dtype=torch.bool, device=dev)], dim=1)
-    return torch.cat([top, new_rows], dim=0)
+@dataclass(frozen=True)
+class Beam:
+    """What every round of an EAGLE-2 beam of width k and `depth` expansions repeats, made once per
+    generation (Drafter.beam): the root's children's columns, each later level's depth and rank columns,
+    and the ancestor matrix of the expanded nodes, empty (a round fills one block a level). About a dozen
+    tensor creations a round fewer, each a few microseconds on a CPU."""
+    parents0: torch.Tensor  # (k,) -1: the root's children hang from the root
+    depths: tuple[torch.Tensor, ...]  # per level d = 0..depth: (k,) ones, then (k * k,) filled d + 1
+    ranks: tuple[torch.Tensor, torch.Tensor]  # (k,) 0..k-1 for the root's children, (k * k,) for a level
+    frontier0: torch.Tensor  # (k,) 0..k-1: the root's children are candidates 0..k-1
+    eye: torch.Tensor  # (k, k) bool: each node of a level sees itself
+    ancestors: torch.Tensor  # (k * depth, k * depth) bool zeros: the expanded nodes' ancestor matrix
+
+    @staticmethod
+    def build(k: int, depth: int, device: torch.device) -> "Beam":
+        levels = [torch.ones(k, dtype=torch.long, device=device)]
+        levels += [torch.full((k * k,), d + 1, dtype=torch.long, device=device) for d in range(1, depth + 1)]
+        rank = torch.arange(k, device=device)
+        return Beam(torch.full((k,), -1, dtype=torch.long, device=device), tuple(levels), (rank, rank.repeat(k)),
+                    rank, torch.eye(k, dtype=torch.bool, device=device),
+                    torch.zeros(k * depth, k * depth, dtype=torch.bool, device=device))
 
 
 def _no_lap(name: str) -> None:
@@ -155,23 +175,26 @@ def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k
     lap(f"draft.{d}") is called after each draft step (0: the root's children), for a PhaseClock."""
     dev = root_hidden.device
     k = min(top_k, drafter.weight.shape[0])
+    beam = drafter.beam(k, depth)
     tok, logp, score = topk_children(drafter.log_probs(root_hidden), torch.zeros(1, device=dev), k)
-    parts = [Candidates(drafter.full_ids(tok[0]), torch.full((k,), -1, device=dev),
-                        torch.ones(k, dtype=torch.long, device=dev), logp[0], score[0], torch.arange(k, device=dev))]
-    frontier = torch.arange(k, device=dev)  # candidate ids of the nodes to expand next
+    parts = [Candidates(drafter.full_ids(tok[0]), beam.parents0, beam.depths[0], logp[0], score[0], beam.ranks[0])]
+    frontier = beam.frontier0  # candidate ids of the nodes to expand next
     feats, frontier_tok, frontier_score = root_hidden.expand(k, -1), parts[0].tokens, score[0]
-    anc, parent_rows, n_cand = torch.zeros(0, 0, dtype=torch.bool, device=dev), None, k
+    # anc[:e, :e]: which of the e expanded nodes each one descends from (or is); filled a level at a time
+    anc, parent_rows, n_cand = beam.ancestors.clone(), None, k
     root_pos = drafter.cache.length
     lap("draft.0")
     for d in range(1, depth + 1):
-        anc = _grow_mask(anc, parent_rows, k)
-        hidden = drafter.expand(frontier_tok, feats, root_pos + d - 1, anc[-k:])  # (k, H)
+        e = (d - 1) * k  # expanded before this level
+        if parent_rows is not None:
+            anc[e:e + k, :e] = anc[parent_rows, :e]
+        anc[e:e + k, e:e + k] = beam.eye
+        hidden = drafter.expand(frontier_tok, feats, root_pos + d - 1, anc[e:e + k, :e + k])  # (k, H)
         tok, logp, score = topk_children(drafter.log_probs(hidden), frontier_score, k)  # (k, k)
-        parts.append(Candidates(drafter.full_ids(tok.flatten()), frontier.repeat_interleave(k),
-                                torch.full((k * k,), d + 1, device=dev), logp.flatten(), score.flatten(),
-                                torch.arange(k, device=dev).repeat(k)))
+        parts.append(Candidates(drafter.full_ids(tok.flatten()), frontier.repeat_interleave(k), beam.depths[d],
+                                logp.flatten(), score.flatten(), beam.ranks[1]))
         best = select_frontier(score.flatten(), k)  # the beam: global top_k of the new children
-        parent_rows = anc.shape[0] - k + best // k
+        parent_rows = e + best // k
         frontier, feats = n_cand + best, hidden[best // k]
         frontier_tok, frontier_score = parts[-1].tokens[best], score.flatten()[best]
         n_cand += k * k
