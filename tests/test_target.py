@@ -44,7 +44,8 @@ def test_forward_features_are_post_norm_hidden_states(target):
     assert torch.allclose(target.lm_head(feats), logits, atol=1e-4)
 
 
-def test_cache_commit_equals_recomputing_the_accepted_prefix(single_thread):
+@pytest.mark.parametrize("accepted", [[0, 2, 3], [0, 1], [0]])  # moved; already in place (nothing moves)
+def test_cache_commit_equals_recomputing_the_accepted_prefix(single_thread, accepted: list[int]):
     tgt = tiny_target()
     prefix, tree_tokens = torch.tensor([[3, 5, 7]]), torch.tensor([[2, 4, 6, 8]])
     parents = [-1, 0, 0, 2]  # node 3 hangs under node 2; nodes 1 and 3 are on different branches
@@ -54,11 +55,12 @@ def test_cache_commit_equals_recomputing_the_accepted_prefix(single_thread):
     tgt.forward(prefix, torch.arange(3)[None], cache, 0)
     cache.length = 3
     tgt.forward(tree_tokens, (3 + tree.depths)[None], cache, 3, tree.mask)
-    cache.commit(torch.tensor([3, 5, 6]))  # accept root, node 2, node 3
-    nxt = torch.tensor([[9]])
-    got, _ = tgt.forward(nxt, torch.tensor([[6]]), cache, 6)
-    full = torch.tensor([[3, 5, 7, 2, 6, 8, 9]])
-    ref, _ = tgt.forward(full, torch.arange(7)[None], tgt.new_cache(32), 0)
+    cache.commit([3 + i for i in accepted])
+    n = 3 + len(accepted)
+    got, _ = tgt.forward(torch.tensor([[9]]), torch.tensor([[n]]), cache, n)
+    full = torch.tensor([[3, 5, 7, *tree_tokens[0, accepted].tolist(), 9]])
+    ref, _ = tgt.forward(full, torch.arange(n + 1)[None], tgt.new_cache(32), 0)
+    assert cache.length == n
     assert torch.allclose(got[0, -1], ref[0, -1], atol=1e-5)
 
 

@@ -220,10 +220,10 @@ class Decoder:
 
     def _commit(self, s: DecodeState, rnd: Round, features: torch.Tensor, new_tokens: list[int]) -> None:
         dev = self.target.device
-        idx = torch.tensor(rnd.accepted, device=dev)
-        s.t_cache.commit(s.t_cache.length + idx)
+        s.t_cache.commit([s.t_cache.length + i for i in rnd.accepted])
         s.clock.lap("commit")
         if s.drafter is not None:  # the draft catches up with the target's real features
+            idx = torch.tensor(rnd.accepted, device=dev)
             s.root_hidden = s.drafter.consume(torch.tensor(new_tokens, device=dev), features[idx])
             s.clock.lap("consume")
 

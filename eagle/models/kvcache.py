@@ -25,13 +25,17 @@ class KVCache:
                              f"but the cache holds {self.max_len} slots")
         return CacheWriter(self, start, n_new)
 
-    def commit(self, slots: torch.Tensor) -> None:
+    def commit(self, slots: list[int]) -> None:
         """Move the accepted slots (ascending, each >= length) to [length, length + n)."""
-        n = int(slots.numel())
-        dst = torch.arange(self.length, self.length + n, device=self.k.device)
-        # index_select copies first, so overlapping source and destination ranges are safe.
-        self.k.index_copy_(3, dst, self.k.index_select(3, slots))
-        self.v.index_copy_(3, dst, self.v.index_select(3, slots))
+        n = len(slots)
+        # a path already at the prefix's end (a round that kept only its root, or took each level's first
+        # node) moves nothing: four copies over every layer skipped (~0.15 ms on a CPU)
+        if slots != list(range(self.length, self.length + n)):
+            dst = torch.arange(self.length, self.length + n, device=self.k.device)
+            src = torch.tensor(slots, device=self.k.device)
+            # index_select copies first, so overlapping source and destination ranges are safe.
+            self.k.index_copy_(3, dst, self.k.index_select(3, src))
+            self.v.index_copy_(3, dst, self.v.index_select(3, src))
         self.length += n
 
 

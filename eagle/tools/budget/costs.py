@@ -59,7 +59,7 @@ HOST_PROMPTS = 4  # calibration prompts decoded for them: one prompt's ~13 round
 # (t(3) 49.1, t(4) 46.4, t(5) 45.6 ms, 2026-12-07, AMD EPYC, bf16), where real decodes side by side put
 # a 5-node verify 4-5 % above a 4-node one; at 15 passes the same probe rose 0.8-6 ms a size.
 REPEATS = 11
-COSTS_VERSION = 7
+COSTS_VERSION = 8  # bump when a round's drafting or host work changes what the probes time: cached costs are remeasured
 DRAFT_PHASES = ("consume", "commit")  # with the draft.i steps: what t_draft + overhead model
 
 
@@ -279,10 +279,10 @@ class _Probe:
         drafter, _ = self.drafter(1, 0, 1)
         start = drafter.cache.length
 
-        def run() -> None:  # a typical round commits ~3 tokens
+        def run() -> None:  # a typical round commits ~3 tokens, off the tree's first branch (so they move)
             drafter.cache.length = start
             drafter.consume(self.ids[:3], self.features[0, :3])
-            self.cache.commit(torch.arange(self.prefix_len, self.prefix_len + 3, device=self.ids.device))
+            self.cache.commit([self.prefix_len, self.prefix_len + 2, self.prefix_len + 4])
             self.cache.length = self.prefix_len
         return run
 
