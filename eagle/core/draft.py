@@ -150,7 +150,6 @@ class Beam:
     parents0: torch.Tensor  # (k,) -1: the root's children hang from the root
     depths: tuple[torch.Tensor, ...]  # per level d = 0..depth: (k,) ones, then (k * k,) filled d + 1
     ranks: tuple[torch.Tensor, torch.Tensor]  # (k,) 0..k-1 for the root's children, (k * k,) for a level
-    frontier0: torch.Tensor  # (k,) 0..k-1: the root's children are candidates 0..k-1
     eye: torch.Tensor  # (k, k) bool: each node of a level sees itself
     ancestors: torch.Tensor  # (k * depth, k * depth) bool zeros: the expanded nodes' ancestor matrix
 
@@ -160,7 +159,7 @@ class Beam:
         levels += [torch.full((k * k,), d + 1, dtype=torch.long, device=device) for d in range(1, depth + 1)]
         rank = torch.arange(k, device=device)
         return Beam(torch.full((k,), -1, dtype=torch.long, device=device), tuple(levels), (rank, rank.repeat(k)),
-                    rank, torch.eye(k, dtype=torch.bool, device=device),
+                    torch.eye(k, dtype=torch.bool, device=device),
                     torch.zeros(k * depth, k * depth, dtype=torch.bool, device=device))
 
 
@@ -178,7 +177,7 @@ def draft_dynamic(drafter: Drafter, root_hidden: torch.Tensor, depth: int, top_k
     beam = drafter.beam(k, depth)
     tok, logp, score = topk_children(drafter.log_probs(root_hidden), torch.zeros(1, device=dev), k)
     parts = [Candidates(drafter.full_ids(tok[0]), beam.parents0, beam.depths[0], logp[0], score[0], beam.ranks[0])]
-    frontier = beam.frontier0  # candidate ids of the nodes to expand next
+    frontier = beam.ranks[0]  # candidate ids of the nodes to expand next: the root's children are 0..k-1
     feats, frontier_tok, frontier_score = root_hidden.expand(k, -1), parts[0].tokens, score[0]
     # anc[:e, :e]: which of the e expanded nodes each one descends from (or is); filled a level at a time
     anc, parent_rows, n_cand = beam.ancestors.clone(), None, k
